@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Take a fresh Debian machine to a working .venv for mmworker; safe to run again (idempotent).
+#
+# What it does, in order:
+#   1. apt packages that pillow-simd's codecs build against (JPEG, zlib for PNG, WebP), if missing;
+#   2. .venv with the interpreter in $PYTHON (default python3, >= 3.11);
+#   3. pillow-simd built from source, with AVX2 where the CPU has it (SSE4 otherwise);
+#   4. pip install -e .[test];
+#   5. verification: every required codec present and no plain Pillow shadowing pillow-simd.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-$here/.venv}
+PILLOW_SIMD_VERSION=12.1.1.post0
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# 1. System packages. Headers only: Pillow decodes PNG with zlib, so libpng is not needed.
+apt_packages=(libjpeg62-turbo-dev zlib1g-dev libwebp-dev pkg-config)
+missing=()
+for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    say "installing apt packages: ${missing[*]}"
+    sudo_cmd=()
+    [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# 2. Virtual environment.
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "$PYTHON is older than 3.11"
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+py="$VENV/bin/python"
+"$py" -m pip install -q --upgrade pip
+
+# 3. pillow-simd from source. --no-cache-dir: pip's wheel cache does not key on CC, so a cached
+#    SSE4 build would silently be reused for an AVX2 request (and vice versa).
+if grep -qw avx2 /proc/cpuinfo; then simd=avx2; cc="cc -mavx2"; else simd=sse4; cc="cc"; fi
+stamp="$VENV/.pillow-simd-$PILLOW_SIMD_VERSION-$simd"
+if [ ! -f "$stamp" ] || ! "$py" -c 'import PIL._imaging' 2>/dev/null; then
+    say "building pillow-simd $PILLOW_SIMD_VERSION ($simd)"
+    "$py" -m pip uninstall -q -y pillow pillow-simd >/dev/null 2>&1 || true
+    CC="$cc" "$py" -m pip install -q --no-cache-dir --no-binary pillow-simd "pillow-simd==$PILLOW_SIMD_VERSION"
+    rm -f "$VENV"/.pillow-simd-*
+    touch "$stamp"
+fi
+
+# 4. The project itself (pillow-simd satisfies its own requirement, so pip leaves it alone).
+"$py" -m pip install -q -e ".[test]"
+
+# 5. Verify what the build produced; fail loudly rather than run with a missing codec.
+"$py" - "$simd" <<'PY'
+import importlib.metadata as md
+import sys
+
+from PIL import Image, features
+
+problems = []
+try:
+    md.distribution("pillow")
+    problems.append("plain Pillow is installed and shadows pillow-simd (pip uninstall pillow, rerun setup)")
+except md.PackageNotFoundError:
+    pass
+try:
+    dist = md.distribution("pillow-simd")
+except md.PackageNotFoundError:
+    problems.append("pillow-simd is not installed")
+else:
+    owned = {str(f) for f in dist.files or ()}
+    if "PIL/__init__.py" not in owned:
+        problems.append("the imported PIL package does not belong to pillow-simd")
+for codec in ("jpg", "zlib", "webp"):
+    if not features.check(codec):
+        problems.append(f"codec {codec!r} is missing from the pillow-simd build")
+if problems:
+    sys.exit("[setup] ERROR: " + "; ".join(problems))
+print(f"[setup] ok: pillow-simd {Image.__version__} ({sys.argv[1]}), "
+      f"libjpeg-turbo {features.version('libjpeg_turbo')}, zlib {features.version('zlib')}, webp {features.version('webp')}")
+PY
