@@ -1,0 +1,142 @@
+"""Image decoding: format allowlist, header checks before allocation, and RGB8 output equal to PIL's.
+
+Rules (behaviour.md §4): JPEG, PNG, WebP, GIF and BMP only; samples deeper than 8 bits are
+refused (PIL would silently truncate a 16-bit PNG); alpha is dropped, never composited; no EXIF
+transpose; GIF and WebP give their first frame. The result equals
+`Image.open(b).convert("RGB")` bit for bit, because that is what it is: the decoding itself is
+Pillow's (libjpeg-turbo, zlib, libwebp), we only decide what to accept and how to hand pixels on.
+
+Everything that can be rejected from the header is rejected before any pixel buffer exists: the
+format (from magic bytes), the PNG bit depth and the pixel count.
+"""
+
+import io
+import re
+import warnings
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_pil
+from mmworker.errors import MmError
+
+# Largest decoded image, in pixels. Equal to Pillow's DecompressionBombError threshold and to the
+# Rust crate's 512 MiB allocation ceiling for an RGB8 buffer (512 MiB / 3); ~13400 x 13400. Far
+# above any model's max_pixels (Qwen: 12.8 MP), yet a hostile header cannot make us allocate
+# more than ~700 MB of RGBX before it is refused.
+MAX_IMAGE_PIXELS = 178_956_970
+
+# Pillow plugin names of the formats we accept, keyed by how their files begin.
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_FORMATS_BY_MAGIC = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (_PNG_MAGIC, "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+)
+# Recognised but refused, so the error can name them (PIL itself would read several of these).
+_REFUSED_BY_MAGIC = (
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    (b"\x00\x00\x01\x00", "ICO"),
+    (b"\x00\x00\x02\x00", "CUR"),
+    (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"),
+    (b"\xff\x4f\xff\x51", "JPEG 2000"),
+    (b"qoif", "QOI"),
+    (b"8BPS", "PSD"),
+    (b"DDS ", "DDS"),
+    (b"#?RADIANCE", "HDR"),
+    (b"\x76\x2f\x31\x01", "OpenEXR"),
+    (b"SIMPLE  =", "FITS"),
+)
+_PNM_MAGIC = re.compile(rb"P[1-7]\s")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+# PNG IHDR colour types, named as the Rust `image` crate names their 16-bit layouts.
+_PNG_16BIT_NAMES = {0: "L16", 2: "Rgb16", 3: "Rgb16", 4: "La16", 6: "Rgba16"}
+
+
+def sniff_format(data: bytes | memoryview) -> str:
+    """The Pillow format name of an accepted image, from its first bytes; MmError otherwise."""
+    head = bytes(data[:16])
+    for magic, name in _FORMATS_BY_MAGIC:
+        if head.startswith(magic):
+            return name
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    for magic, name in _REFUSED_BY_MAGIC:
+        if head.startswith(magic):
+            raise MmError(f"image decode: unsupported image format {name}")
+    if _PNM_MAGIC.match(head):
+        raise MmError("image decode: unsupported image format PNM")
+    if head[4:8] == b"ftyp":
+        raise MmError(f"image decode: unsupported image format {head[8:12].decode('latin-1')!r}")
+    raise MmError("image decode: The image format could not be determined")
+
+
+def _check_png_bit_depth(data: bytes | memoryview) -> None:
+    # IHDR is always the first chunk: bit depth at byte 24, colour type at byte 25. PIL opens a
+    # 16-bit RGB(A) PNG as 8-bit RGB(A) by dropping the low byte, so the mode cannot tell us.
+    if len(data) >= 26 and data[24] == 16:
+        raise MmError(f"image decode: unsupported color {_PNG_16BIT_NAMES.get(data[25], 'L16')}")
+
+
+def _pil_error(exc: BaseException) -> MmError:
+    # Pillow sometimes puts object reprs (heap addresses) in messages; never pass those on.
+    text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
+    return MmError(f"image decode: {text}")
+
+
+def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Open (header only, nothing decoded yet) an accepted image; every header check is done here."""
+    fmt = sniff_format(data)
+    if fmt == "PNG":
+        _check_png_bit_depth(data)
+    try:
+        with warnings.catch_warnings():
+            # Our own limit below is the policy; Pillow's bomb warning would only be noise.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=[fmt])
+    except Image.DecompressionBombError as exc:
+        raise MmError(f"image decode: image too large: {exc}") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise _pil_error(exc) from exc
+    w, h = image.size
+    if w * h > max_pixels:
+        image.close()
+        raise MmError(f"image decode: {w}x{h} image has {w * h} pixels, above the limit of {max_pixels}")
+    if w == 0 or h == 0:
+        image.close()
+        raise MmError(f"image decode: empty {w}x{h} image")
+    return image
+
+
+def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> RgbImage:
+    """Decode an accepted image to RGB8 pixels (see the module docstring for the rules)."""
+    image = open_image(data, max_pixels)
+    try:
+        if image.mode in RGB_STORAGE_MODES:
+            # Decode straight into one memory block so the pixels can be viewed in place.
+            image.im = Image.core.new_block(image.mode, image.size)
+        image.load()
+        mode = image.mode
+        if mode not in RGB_STORAGE_MODES:
+            if mode not in ("L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "LAB"):
+                raise MmError(f"image decode: unsupported color {mode}")
+            with warnings.catch_warnings():
+                # "Palette images with Transparency expressed in bytes should be converted to
+                # RGBA": we drop alpha by rule, so the advice does not apply.
+                warnings.simplefilter("ignore", UserWarning)
+                image = image.convert("RGB")
+    except MmError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
+        raise _pil_error(exc) from exc
+    return from_pil(image)
+
+
+def image_decode_rgb(data: bytes | memoryview) -> tuple[int, int, np.ndarray]:
+    """Decode to `(height, width, uint8[height, width, 3])` (the crate's `common.image_decode_rgb`)."""
+    decoded = decode_image(data)
+    return decoded.height, decoded.width, copy_rgb(decoded.pixels)

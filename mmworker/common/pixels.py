@@ -1,0 +1,138 @@
+"""Moving pixels between Pillow images and numpy without hidden copies.
+
+Pillow keeps RGB and RGBA images as 4 bytes per pixel (RGBX / RGBA). Through the Arrow C data
+interface (a stable, documented ABI that Pillow >= 11.2 exports) a single-block image can be read
+in place as a `(h, w, 4)` uint8 array, so a decoded or pillow-simd-resized image reaches our numba
+kernels without `tobytes()` (which copies twice: into chunks, then joins them). Images that Pillow
+spread over several memory blocks cannot be exported that way; they take the `tobytes()` path.
+Worker processes raise `PILLOW_BLOCK_SIZE` so that never happens on the hot path.
+"""
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+from PIL import Image
+
+# The four-byte-per-pixel modes whose first three bytes are R, G, B.
+RGB_STORAGE_MODES = frozenset({"RGB", "RGBA", "RGBX"})
+
+
+@dataclass(frozen=True, eq=False)
+class RgbImage:
+    """Pixels whose first three channels are R, G, B, and the Pillow image that owns them, if any.
+
+    `pixels` is (height, width, C) uint8: C = 4 when it is a read-only view of Pillow's own
+    RGBX/RGBA storage (no copy was made), C = 3 for a plain array. `pil` lets pillow-simd work on
+    the same storage without converting back; it is None for pixels that live in numpy.
+    """
+
+    pixels: np.ndarray
+    pil: Image.Image | None = None
+
+    @property
+    def height(self) -> int:
+        return self.pixels.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.pixels.shape[1]
+
+    def to_pil(self) -> Image.Image:
+        """The Pillow image of these pixels (the owner itself, or a copy made for Pillow)."""
+        return self.pil if self.pil is not None else image_from_rgb(self.pixels)
+
+
+class _ArrowArray(ctypes.Structure):
+    pass
+
+
+_ArrowArray._fields_ = [
+    ("length", ctypes.c_int64),
+    ("null_count", ctypes.c_int64),
+    ("offset", ctypes.c_int64),
+    ("n_buffers", ctypes.c_int64),
+    ("n_children", ctypes.c_int64),
+    ("buffers", ctypes.POINTER(ctypes.c_void_p)),
+    ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray))),
+    ("dictionary", ctypes.c_void_p),
+    ("release", ctypes.c_void_p),
+    ("private_data", ctypes.c_void_p),
+]
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def storage_view(image: Image.Image) -> np.ndarray | None:
+    """(h, w, 4) read-only uint8 view of an RGB/RGBA image's own storage, or None if not exportable.
+
+    The view keeps the exported Arrow array (and with it Pillow's memory) alive for as long as it
+    exists; it must not be written to.
+    """
+    if image.mode not in RGB_STORAGE_MODES:
+        return None
+    image.load()
+    try:
+        array_capsule = image.im.__arrow_c_array__()
+    except ValueError:  # "Image is in multiple array blocks"
+        return None
+    array = _ArrowArray.from_address(_capsule_pointer(array_capsule, b"arrow_array"))
+    pixels = array.children[0].contents  # fixed-size list of 4 x uint8 per pixel
+    w, h = image.size
+    nbytes = w * h * 4
+    if pixels.length - pixels.offset < nbytes or pixels.n_buffers < 2:
+        return None
+    raw = (ctypes.c_uint8 * nbytes).from_address(pixels.buffers[1] + pixels.offset)
+    # ctypes keeps `_keepalive` referenced from the buffer object; numpy keeps the buffer.
+    raw._keepalive = array_capsule
+    view = np.frombuffer(raw, dtype=np.uint8).reshape(h, w, 4)
+    view.flags.writeable = False
+    return view
+
+
+def rgb_pixels(image: Image.Image) -> np.ndarray:
+    """The pixels of an RGB/RGBA image as (h, w, C) uint8, C = 4 in place when possible, else 3."""
+    view = storage_view(image)
+    if view is not None:
+        return view
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    w, h = rgb.size
+    return np.frombuffer(rgb.tobytes(), dtype=np.uint8).reshape(h, w, 3)
+
+
+@njit(cache=True)
+def pack_rgb(src: np.ndarray, out: np.ndarray) -> None:
+    """out[y, x, :] = src[y, x, :3]: drops the fourth byte (X or alpha) of a 4-channel image."""
+    h, w = out.shape[0], out.shape[1]
+    for y in range(h):
+        for x in range(w):
+            out[y, x, 0] = src[y, x, 0]
+            out[y, x, 1] = src[y, x, 1]
+            out[y, x, 2] = src[y, x, 2]
+
+
+def copy_rgb(pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(h, w, 3) uint8 copy of (h, w, C >= 3) pixels, written into `out` when given."""
+    h, w = pixels.shape[0], pixels.shape[1]
+    if out is None:
+        out = np.empty((h, w, 3), np.uint8)
+    if pixels.shape[2] == 3:
+        out[...] = pixels
+    else:
+        pack_rgb(pixels, out)
+    return out
+
+
+def image_from_rgb(arr: np.ndarray) -> Image.Image:
+    """A Pillow RGB image holding a copy of (h, w, C >= 3) uint8 pixels (Pillow stores 4 bytes a pixel)."""
+    h, w, c = arr.shape
+    raw_mode = "RGB" if c == 3 else "RGBX"
+    return Image.frombuffer("RGB", (w, h), np.ascontiguousarray(arr), "raw", raw_mode, 0, 1)
+
+
+def from_pil(image: Image.Image) -> RgbImage:
+    """Wrap an RGB/RGBA Pillow image, viewing its storage in place when Pillow allows it."""
+    return RgbImage(pixels=rgb_pixels(image), pil=image)

@@ -1,0 +1,70 @@
+"""Resizing RGB pixels with the three resamplers the parity targets need, bit-exact with each.
+
+| resample      | equals                                                   | implemented by              |
+|---------------|----------------------------------------------------------|-----------------------------|
+| `pil_lanczos` | Pillow 12.x `Image.resize(..., LANCZOS)`                 | our numba kernels           |
+| `pil_bicubic` | Pillow 12.x `Image.resize(..., BICUBIC)`                 | our numba kernels           |
+| `aten_u8`     | torchvision `resize(uint8, BICUBIC, antialias=True)`     | pillow-simd BICUBIC         |
+
+pillow-simd's BICUBIC quantises weights like ATen does (precision chosen from the largest weight),
+which is why it equals torchvision and not Pillow; Pillow 13 changed pass order, which is why the
+`pil_*` modes cannot use any installed Pillow (behaviour.md §5, measurements.md §4).
+"""
+
+import numpy as np
+from PIL import Image
+
+from mmworker.common import resample
+from mmworker.common.decode import MAX_IMAGE_PIXELS
+from mmworker.common.pixels import RgbImage, copy_rgb, from_pil
+from mmworker.errors import MmError
+
+RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
+_FIXED_POINT_KIND = {"pil_lanczos": resample.LANCZOS, "pil_bicubic": resample.BICUBIC}
+
+
+def check_resample(name: str) -> str:
+    if name not in RESAMPLERS:
+        raise MmError(f"unknown resample {name!r}; expected one of {', '.join(RESAMPLERS)}")
+    return name
+
+
+def check_output_size(out_w: int, out_h: int) -> None:
+    if out_w <= 0 or out_h <= 0:
+        raise MmError(f"output size must be positive, got {out_w}x{out_h}")
+    if out_w * out_h > MAX_IMAGE_PIXELS:
+        raise MmError(f"output size {out_w}x{out_h} is above the limit of {MAX_IMAGE_PIXELS} pixels")
+
+
+def resize_image(image: RgbImage, out_w: int, out_h: int, resample_name: str) -> RgbImage:
+    """Resize to out_w x out_h; the result may view Pillow memory (aten_u8) or be a new array."""
+    check_resample(resample_name)
+    check_output_size(out_w, out_h)
+    if resample_name == "aten_u8":
+        if (out_w, out_h) == (image.width, image.height):
+            return image
+        return from_pil(image.to_pil().resize((out_w, out_h), Image.Resampling.BICUBIC))
+    out = np.empty((out_h, out_w, 3), np.uint8)
+    resample.resize_fixed_point(image.pixels, out_w, out_h, _FIXED_POINT_KIND[resample_name], out)
+    return RgbImage(pixels=out)
+
+
+def resize_rgb(arr: np.ndarray, out_w: int, out_h: int, resample: str = "pil_lanczos") -> np.ndarray:
+    """Resize uint8[h, w, 3] to uint8[out_h, out_w, 3] (the crate's `common.resize_rgb`)."""
+    check_resample(resample)
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 3:
+        raise MmError(f"expected a uint8 HWC RGB array, got {_describe(arr)}")
+    if arr.shape[2] != 3:
+        raise MmError(f"expected HWC RGB array with 3 channels, got {arr.shape[2]}")
+    if not arr.flags.c_contiguous:
+        raise MmError("array must be C-contiguous")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise MmError(f"input image is empty ({arr.shape[1]}x{arr.shape[0]})")
+    result = resize_image(RgbImage(pixels=arr), int(out_w), int(out_h), resample)
+    return copy_rgb(result.pixels) if result.pixels is arr or result.pixels.shape[2] != 3 else result.pixels
+
+
+def _describe(arr: object) -> str:
+    if isinstance(arr, np.ndarray):
+        return f"{arr.dtype} array of shape {arr.shape}"
+    return type(arr).__name__

@@ -1,0 +1,35 @@
+"""Shared test setup: golden-fixture paths and the optional reference Rust extension."""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+GOLDEN = TESTS / "golden"
+REF_EXT = TESTS.parent / ".cache" / "ref_ext"
+
+# tests/golden/sources.py rebuilds fixture sources; tests/ holds the small reference helpers.
+for path in (GOLDEN, TESTS):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+
+def load_golden(name: str) -> dict:
+    return json.loads((GOLDEN / name).read_text())
+
+
+@pytest.fixture(scope="session")
+def rust_ext():
+    """The sglang 0.5.23 Rust extension (scripts/get_reference_ext.sh), a parity oracle only."""
+    if not REF_EXT.is_dir():
+        pytest.skip("reference Rust extension not fetched (scripts/get_reference_ext.sh)")
+    sys.path.insert(0, str(REF_EXT))
+    try:
+        return importlib.import_module("_multimodal")
+    except ImportError as exc:
+        pytest.skip(f"reference Rust extension not importable: {exc}")
+    finally:
+        sys.path.remove(str(REF_EXT))
