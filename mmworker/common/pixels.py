@@ -15,6 +15,8 @@ import numpy as np
 from numba import njit
 from PIL import Image
 
+from mmworker.errors import MmError
+
 # The four-byte-per-pixel modes whose first three bytes are R, G, B.
 RGB_STORAGE_MODES = frozenset({"RGB", "RGBA", "RGBX"})
 
@@ -66,11 +68,13 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def storage_view(image: Image.Image) -> np.ndarray | None:
-    """(h, w, 4) read-only uint8 view of an RGB/RGBA image's own storage, or None if not exportable.
+def storage_view(image: Image.Image, *, writable: bool = False) -> np.ndarray | None:
+    """(h, w, 4) uint8 view of a Pillow-allocated RGB/RGBA/RGBX image's storage, or None if not exportable.
 
     The view keeps the exported Arrow array (and with it Pillow's memory) alive for as long as it
-    exists; it must not be written to.
+    exists. It is read-only unless `writable` (only for filling an image nobody else has seen yet).
+    Never call this on an image made by `Image.frombuffer`: Pillow's Arrow export does not support
+    such mapped images and crashes on them.
     """
     if image.mode not in RGB_STORAGE_MODES:
         return None
@@ -89,7 +93,7 @@ def storage_view(image: Image.Image) -> np.ndarray | None:
     # ctypes keeps `_keepalive` referenced from the buffer object; numpy keeps the buffer.
     raw._keepalive = array_capsule
     view = np.frombuffer(raw, dtype=np.uint8).reshape(h, w, 4)
-    view.flags.writeable = False
+    view.flags.writeable = writable
     return view
 
 
@@ -105,13 +109,21 @@ def rgb_pixels(image: Image.Image) -> np.ndarray:
 
 @njit(cache=True)
 def pack_rgb(src: np.ndarray, out: np.ndarray) -> None:
-    """out[y, x, :] = src[y, x, :3]: drops the fourth byte (X or alpha) of a 4-channel image."""
-    h, w = out.shape[0], out.shape[1]
-    for y in range(h):
-        for x in range(w):
-            out[y, x, 0] = src[y, x, 0]
-            out[y, x, 1] = src[y, x, 1]
-            out[y, x, 2] = src[y, x, 2]
+    """out = src[..., :3] for flat C-ordered buffers of 4-byte and 3-byte pixels (drops X or alpha)."""
+    for i in range(out.shape[0] // 3):
+        out[3 * i] = src[4 * i]
+        out[3 * i + 1] = src[4 * i + 1]
+        out[3 * i + 2] = src[4 * i + 2]
+
+
+@njit(cache=True)
+def unpack_rgb(src: np.ndarray, out: np.ndarray) -> None:
+    """out = RGBX of src for flat C-ordered buffers of 3-byte and 4-byte pixels (X = 255, like Pillow)."""
+    for i in range(src.shape[0] // 3):
+        out[4 * i] = src[3 * i]
+        out[4 * i + 1] = src[3 * i + 1]
+        out[4 * i + 2] = src[3 * i + 2]
+        out[4 * i + 3] = 255
 
 
 def copy_rgb(pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -122,15 +134,28 @@ def copy_rgb(pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if pixels.shape[2] == 3:
         out[...] = pixels
     else:
-        pack_rgb(pixels, out)
+        pack_rgb(np.ascontiguousarray(pixels).reshape(-1), out.reshape(-1))
     return out
 
 
 def image_from_rgb(arr: np.ndarray) -> Image.Image:
-    """A Pillow RGB image holding a copy of (h, w, C >= 3) uint8 pixels (Pillow stores 4 bytes a pixel)."""
+    """A new Pillow RGB image holding (h, w, C >= 3) uint8 pixels, written straight into its storage.
+
+    Pillow's own RGB unpacking is slower than ours, and `frombuffer` cannot be used instead: its
+    mapped images cannot be viewed in place afterwards (see storage_view).
+    """
     h, w, c = arr.shape
-    raw_mode = "RGB" if c == 3 else "RGBX"
-    return Image.frombuffer("RGB", (w, h), np.ascontiguousarray(arr), "raw", raw_mode, 0, 1)
+    # Image.new would zero-fill and may split the image over blocks; new_block is one allocation.
+    image = Image.Image()._new(Image.core.new_block("RGB", (w, h)))
+    target = storage_view(image, writable=True)
+    if target is None:  # cannot happen for a single block; kept so a Pillow change fails loudly
+        raise MmError(f"cannot view the storage of a new {w}x{h} Pillow image")
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    if c == 3:
+        unpack_rgb(flat, target.reshape(-1))
+    else:
+        target[...] = arr[:, :, :4]
+    return image
 
 
 def from_pil(image: Image.Image) -> RgbImage:

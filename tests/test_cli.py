@@ -1,0 +1,52 @@
+"""The `mmworker` command: the demo on the bundled sample, on a user file, and its error path."""
+
+import subprocess
+import sys
+
+import numpy as np
+
+from mmworker.corpus import encode, photo_like
+from mmworker.runtime import TUNED_ENV, is_tuned, tuned_environ
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mmworker.cli", *args], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_demo_on_bundled_sample():
+    result = run_cli("demo")
+    assert result.returncode == 0, result.stderr
+    assert "bundled sample (sample.jpg): JPEG" in result.stdout
+    assert "decode      640x480 RGB" in result.stdout
+    for resample in ("pil_lanczos", "pil_bicubic", "aten_u8"):
+        assert f"resize      {resample}" in result.stdout
+
+
+def test_demo_on_a_file_with_explicit_size(tmp_path):
+    path = tmp_path / "img.png"
+    path.write_bytes(encode(photo_like(40, 30, seed=3), "PNG"))
+    result = run_cli("demo", str(path), "--size", "17", "9")
+    assert result.returncode == 0, result.stderr
+    assert "PNG" in result.stdout and "-> 17x9" in result.stdout
+
+
+def test_demo_reports_a_bad_source_as_an_error():
+    result = run_cli("demo", "/no/such/image.png")
+    assert result.returncode == 2
+    assert "mmworker: error: media fetch: /no/such/image.png: No such file or directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_corpus_is_deterministic_and_photo_like():
+    a, b = photo_like(64, 48, seed=7), photo_like(64, 48, seed=7)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, photo_like(64, 48, seed=8))
+    assert a.shape == (48, 64, 3) and a.std() > 10  # neither flat nor constant
+
+
+def test_tuned_environment():
+    env = tuned_environ({"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and is_tuned(env)
+    assert all(env[k] == v for k, v in TUNED_ENV.items())
+    assert not is_tuned({})
