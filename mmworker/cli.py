@@ -45,6 +45,40 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _process(args: argparse.Namespace) -> int:
+    """Run one request through the driver and describe what the scheduler would receive."""
+    import os
+    from pathlib import Path
+
+    from mmworker.driver import MmInput, process
+    from mmworker.registry import named_spec, pipeline_from_spec
+
+    family = pipeline_from_spec(Path(args.spec).read_text() if args.spec else named_spec(args.family))
+    token = family.spec.image_token_id
+    ids = args.prompt_ids if args.prompt_ids is not None else [token] * len(args.sources)
+    # The library treats anything that is not a URL or an absolute path as base64 (the crate's
+    # rule); on a command line a relative path to an existing file is what the user means.
+    sources = [os.path.abspath(s) if os.path.isfile(s) else s for s in args.sources]
+    t0 = time.perf_counter()
+    out = process(family, MmInput(ids, sources))
+    elapsed = (time.perf_counter() - t0) * 1e3
+    print(f"family {family.name} ({args.spec or args.family}), resample {family.spec.resample}")
+    for i, (item, offsets) in enumerate(zip(out.items, out.offsets, strict=True)):
+        g = item.geometry
+        print(f"image {i}: grid {g.t}x{g.h}x{g.w}, {offsets[1] - offsets[0] + 1} tokens at {offsets}, "
+              f"hash {item.hash:#018x}, feature {item.feature.dtype}{list(item.feature.shape)}")  # fmt: skip
+    delta = getattr(out.positions, "delta", None)
+    print(f"prompt {len(ids)} -> {len(out.input_ids)} token(s), mrope delta {delta}, {elapsed:.1f} ms")
+    return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.replace(",", " ").split()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas or spaces: {exc}") from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmworker", description="Qwen-VL image preprocessing for SGLang.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("source", nargs="?", help="image path, file:// or http(s) URL, data: URL or base64")
     demo.add_argument("--size", type=int, nargs=2, metavar=("W", "H"), help="resize target (default ~2x)")
     demo.set_defaults(run=_demo)
+
+    proc = sub.add_parser("process", help="preprocess one request (images + prompt ids) and describe it")
+    proc.add_argument("sources", nargs="+", metavar="IMAGE_OR_URL", help="path, URL, data: URL or base64")
+    which = proc.add_mutually_exclusive_group()
+    which.add_argument("--family", default="qwen2_vl", help="bundled spec name (default qwen2_vl)")
+    which.add_argument("--spec", help="JSON spec file (keys of SGLang's qwen_vl spec)")
+    proc.add_argument(
+        "--prompt-ids", type=_int_list, help="prompt token ids (default: one placeholder per image)"
+    )
+    proc.set_defaults(run=_process)
     return parser
 
 

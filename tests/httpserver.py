@@ -12,6 +12,7 @@ Origin routes (all responses carry ``Connection: close``):
     /gzip/<n>           gzip of pattern(n), Content-Encoding: gzip
     /gzip-bomb/<n>      gzip of n zero bytes, compressed on the fly (never held uncompressed)
     /status/<code>      that status with a short body
+    /blob/<name>        bytes published with MediaServer.put(name, data)
     /redirect/<n>       302 to /redirect/<n-1>; /redirect/0 answers b"landed"
     /redirect-to?url=u  302 to u
     /slow/<seconds>     waits, then answers b"late" (gives up early if the client hangs up)
@@ -155,6 +156,9 @@ class _OriginHandler(_Handler):
         elif route == "redirect-to":
             target = urllib.parse.parse_qs(parsed.query)["url"][0]
             self._body(302, b"", {"Location": target})
+        elif route == "blob":
+            body = self.server.blobs.get(arg)
+            self._body(200, body) if body is not None else self._body(404, b"no such blob\n")
         elif route == "slow":
             if self._wait_unless_abandoned(float(arg)):
                 self._body(200, b"late")
@@ -229,10 +233,15 @@ class RunningServer:
 
 
 class MediaServer(RunningServer):
-    """The origin server (routes in the module docstring)."""
+    """The origin server (routes in the module docstring); `put` publishes bytes at /blob/<name>."""
 
     def __init__(self) -> None:
         super().__init__(_TrackingServer(_OriginHandler))
+        self.server.blobs = {}
+
+    def put(self, name: str, data: bytes) -> str:
+        self.server.blobs[name] = data
+        return self.url(f"/blob/{name}")
 
 
 class ForwardProxy(RunningServer):

@@ -50,3 +50,21 @@ def test_tuned_environment():
     assert env["PATH"] == "/bin" and is_tuned(env)
     assert all(env[k] == v for k, v in TUNED_ENV.items())
     assert not is_tuned({})
+
+
+def test_process_describes_the_request(tmp_path):
+    path = tmp_path / "img.jpg"
+    path.write_bytes(encode(photo_like(640, 480, seed=4), "JPEG"))
+    result = run_cli("process", str(path), str(path), "--prompt-ids", "7,151655,8,151655")
+    assert result.returncode == 0, result.stderr
+    assert "image 0: grid 1x34x46, 391 tokens at (1, 391)" in result.stdout
+    assert "image 1: grid 1x34x46, 391 tokens at (393, 783)" in result.stdout
+    assert "feature float32[1564, 1176]" in result.stdout
+    assert "prompt 4 -> 784 token(s)" in result.stdout
+
+
+def test_process_errors_name_the_cause(tmp_path):
+    result = run_cli("process", "/no/such.png", "--family", "qwen3_5")
+    assert result.returncode == 2 and "image 0: media fetch: /no/such.png" in result.stderr
+    result = run_cli("process", "/no/such.png", "--family", "llava")
+    assert result.returncode == 2 and "unknown named spec 'llava'" in result.stderr

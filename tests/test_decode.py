@@ -55,7 +55,7 @@ def test_golden_decode_case(case):
 def test_sixteen_bit_png_is_refused_not_truncated(name, color):
     # PIL opens the 16-bit RGB(A) files as 8-bit RGB(A) by dropping low bytes; we must refuse.
     assert Image.open(io.BytesIO(fixture_bytes(name))).mode in ("I;16", "RGB", "RGBA")
-    with pytest.raises(MmError, match=f"^image decode: unsupported color {color}$"):
+    with pytest.raises(MmError, match=rf"^image decode: unsupported color {color}$"):
         image_decode_rgb(fixture_bytes(name))
 
 

@@ -1,0 +1,139 @@
+"""The Inkling family's library API: bf16 patch bits of (optionally rescaled) images (crate `inkling`).
+
+behaviour.md §8. Per channel, a 256-entry table maps each byte to bf16 bits of
+`(f32(v) * INV255 - MEAN_c) / STD_c` (float32 arithmetic, round-to-nearest-even to bf16). The grid
+is ceil(h / ps) rows by floor(w / ps) + 1 columns (always one extra column, pure padding when
+w % ps == 0, as the Python reference does); patches are row-major, pixels inside a patch HWC, and
+positions outside the image get the per-channel pad value bf16((PAD_RAW - MEAN_c) / STD_c).
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+from mmworker.common.decode import decode_image
+from mmworker.common.dims import scaled_dims
+from mmworker.common.hashing import content_hash
+from mmworker.common.pixels import RgbImage
+from mmworker.common.resize import resize_image
+from mmworker.errors import MmError
+
+# f32 casts of the Python reference's f64 literals; STD[1:] have fewer digits than CLIP's on purpose.
+MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
+STD = np.array([0.26862954, 0.2613026, 0.2757771], np.float32)
+INV255 = np.float32(1.0 / 255.0)
+PAD_RAW = np.float32(-1.0 / 255.0)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bit patterns of finite float32 values, rounded to nearest, ties to even (as torch)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    raw = np.arange(256, dtype=np.float32) * INV255
+    lut = bf16_bits((raw[None, :] - MEAN[:, None]) / STD[:, None])
+    pad = bf16_bits((PAD_RAW - MEAN) / STD)
+    return lut, pad
+
+
+def grid(height: int, width: int, patch_size: int) -> tuple[int, int]:
+    """(rows, columns) of patches: ceil(h / ps) by floor(w / ps) + 1."""
+    return -(-height // patch_size), width // patch_size + 1
+
+
+@njit(cache=True)
+def _patchify_into(pixels: np.ndarray, lut: np.ndarray, pad: np.ndarray, ps: int, out: np.ndarray) -> None:
+    h, w, channels = pixels.shape
+    src = pixels.reshape(-1)
+    rows = (h + ps - 1) // ps
+    cols = w // ps + 1
+    o = 0
+    for i in range(rows):
+        for j in range(cols):
+            for y in range(ps):
+                yy = i * ps + y
+                for x in range(ps):
+                    xx = j * ps + x
+                    if yy < h and xx < w:
+                        s = (yy * w + xx) * channels
+                        out[o] = lut[0, src[s]]
+                        out[o + 1] = lut[1, src[s + 1]]
+                        out[o + 2] = lut[2, src[s + 2]]
+                    else:
+                        out[o] = pad[0]
+                        out[o + 1] = pad[1]
+                        out[o + 2] = pad[2]
+                    o += 3
+
+
+def _check_patch_size(patch_size: int) -> None:
+    if patch_size <= 0:
+        raise MmError("patch_size must be greater than zero")
+
+
+def _patchify(pixels: np.ndarray, patch_size: int) -> np.ndarray:
+    rows, cols = grid(pixels.shape[0], pixels.shape[1], patch_size)
+    out = np.empty(rows * cols * patch_size * patch_size * 3, np.uint16)
+    lut, pad = _tables()
+    _patchify_into(np.ascontiguousarray(pixels), lut, pad, patch_size, out)
+    return out
+
+
+def _check_rgb(arr: np.ndarray) -> None:
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
+        raise MmError("expected a uint8 HWC RGB array with 3 channels")
+
+
+def patchify_rgb(arr: np.ndarray, patch_size: int) -> np.ndarray:
+    """Flat uint16 bf16 bits of uint8 [h, w, 3] pixels (see the module docstring for the layout)."""
+    _check_patch_size(patch_size)
+    _check_rgb(arr)
+    return _patchify(arr, patch_size)
+
+
+def _rescaled(image: RgbImage, rescale_frac: float | None, rescale_cap: int | None) -> RgbImage:
+    w, h = scaled_dims(image.width, image.height, rescale_frac, rescale_cap)
+    if (w, h) == (image.width, image.height):
+        return image
+    return resize_image(image, w, h, "pil_lanczos")
+
+
+def decode_patchify(
+    data: bytes, patch_size: int, rescale_frac: float | None = None, rescale_cap: int | None = None
+) -> tuple[int, int, np.ndarray]:
+    """Decode, rescale the long edge (PIL Lanczos) if asked, patchify: (h', w', flat uint16 bits)."""
+    _check_patch_size(patch_size)
+    image = _rescaled(decode_image(data), rescale_frac, rescale_cap)
+    return image.height, image.width, _patchify(image.pixels, patch_size)
+
+
+def decode_patchify_batch(
+    datas: Sequence[bytes], patch_size: int, rescale_frac: float | None = None, rescale_cap: int | None = None
+) -> list[tuple[int, int, np.ndarray]]:
+    """decode_patchify for each image, in order (inline, no threads)."""
+    return [decode_patchify(d, patch_size, rescale_frac, rescale_cap) for d in datas]
+
+
+def preprocess_images(
+    datas: Sequence[bytes], patch_size: int, rescale_frac: float | None = None, rescale_cap: int | None = None
+) -> list[tuple[int, int, np.ndarray, int]]:
+    """Per image (h', w', flat uint16 bits, content hash of the raw encoded bytes)."""
+    return [(*decode_patchify(d, patch_size, rescale_frac, rescale_cap), content_hash(d)) for d in datas]
+
+
+def rescale_patchify_hash(
+    arr: np.ndarray,
+    raw_bytes: bytes,
+    patch_size: int,
+    rescale_frac: float | None = None,
+    rescale_cap: int | None = None,
+) -> tuple[int, int, np.ndarray, int]:
+    """Already-decoded pixels: rescale, patchify, and hash the raw bytes they came from."""
+    _check_patch_size(patch_size)
+    _check_rgb(arr)
+    image = _rescaled(RgbImage(pixels=np.ascontiguousarray(arr)), rescale_frac, rescale_cap)
+    return image.height, image.width, _patchify(image.pixels, patch_size), content_hash(raw_bytes)

@@ -1,0 +1,222 @@
+"""The family contract: the carriers a model family fills and the token-layout rules every family shares.
+
+A family describes data and never runs a request (the crate's `MmFamilyProcessor`, behaviour.md §1):
+
+    capabilities()                                   -> Capabilities
+    process_item(image, alloc)                       -> ProcessedItem(feature, aux, geometry)
+    layout(input_ids, geometries)                    -> TokenLayout (segments)
+    positions(input_len, offsets, geometries)        -> Rope1D | MRope
+
+`process_item` writes its feature into an array it gets from `alloc(shape, dtype)`: in process that
+is `np.empty`, in a pool worker it is a slice of shared memory, so the feature is computed straight
+into its final place. The driver (mmworker.driver) owns control flow and the failure protocol;
+`apply_layout` here turns a layout into expanded ids and inclusive offsets with every coverage check
+the crate makes, so no family can produce an inconsistent request.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from mmworker.common.pixels import RgbImage
+from mmworker.errors import MmError
+
+# alloc(shape, dtype) -> a C-contiguous array the family fills; it must not keep other references.
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+def numpy_allocator(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The in-process allocator: a fresh numpy array."""
+    return np.empty(shape, dtype)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Modalities beyond images a family accepts (the driver refuses the ones not declared)."""
+
+    video: bool = False
+    audio: bool = False
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Patch grid of one item: t (frames; 1 for stills), h and w in patches. Only families read it."""
+
+    t: int
+    h: int
+    w: int
+
+
+Geometry = Grid
+
+
+@dataclass(frozen=True, eq=False)
+class ProcessedItem:
+    """One item's model input: `feature` (e.g. Qwen pixel_values), named aux tensors, its geometry."""
+
+    feature: np.ndarray
+    aux: dict[str, np.ndarray] = field(default_factory=dict)
+    geometry: Geometry | None = None
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """n copies of one token id; the whole run is the item's span."""
+
+    id: int
+    n: int
+
+
+@dataclass(frozen=True)
+class Explicit:
+    """An explicit id list; only ids[content] is the item's span (wrappers like <img> stay outside)."""
+
+    ids: tuple[int, ...]
+    content: range
+
+
+@dataclass(frozen=True)
+class Text:
+    """Source tokens `span` (a range into the prompt ids), copied unchanged."""
+
+    span: range
+
+
+@dataclass(frozen=True)
+class Media:
+    """Item `item`'s expansion, replacing exactly one source placeholder token."""
+
+    item: int
+    pattern: Repeat | Explicit
+
+
+Segment = Text | Media
+TokenLayout = tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class Rope1D:
+    """Plain 1-D positions: nothing to emit, the scheduler uses an arange."""
+
+
+@dataclass(frozen=True, eq=False)
+class MRope:
+    """Multimodal RoPE positions int64 [3, L] and delta = max(positions) + 1 - L."""
+
+    positions: np.ndarray
+    delta: int
+
+
+Positions = Rope1D | MRope
+
+
+class Family(Protocol):
+    """What a model family provides; see the module docstring."""
+
+    name: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    def process_item(self, image: RgbImage, alloc: Allocator = numpy_allocator) -> ProcessedItem: ...
+
+    def layout(self, input_ids: np.ndarray, geometries: Sequence[Geometry]) -> TokenLayout: ...
+
+    def positions(
+        self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Geometry]
+    ) -> Positions: ...
+
+
+def _range_text(r: range) -> str:
+    return f"{r.start}..{r.stop}"  # Rust's Debug form of a Range, as in the crate's messages
+
+
+def apply_layout(
+    src: np.ndarray, layout: TokenLayout, n_items: int
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Expand `src` (int64 prompt ids) by `layout`; returns (expanded ids, inclusive offsets by item).
+
+    Every check of behaviour.md §1.3 runs before anything is built: segments must tile the source
+    exactly and in order, each item must be placed once, and each expansion must be non-empty.
+    """
+    total = len(src)
+    consumed = 0
+    spans: list[tuple[int, int] | None] = [None] * n_items
+    pieces: list[np.ndarray | tuple[int, int]] = []  # id arrays, or (id, n) runs
+    out_len = 0
+    for segment in layout:
+        if isinstance(segment, Text):
+            span = segment.span
+            if span.start < 0 or span.stop > total or span.start > span.stop:
+                raise MmError(f"layout: text range {_range_text(span)} out of bounds")
+            if span.start != consumed:
+                raise MmError(
+                    f"layout: text range {_range_text(span)} does not resume at source index {consumed}"
+                )
+            pieces.append(src[span.start : span.stop])
+            out_len += span.stop - span.start
+            consumed = span.stop
+            continue
+        item, pattern = segment.item, segment.pattern
+        if item < 0 or item >= n_items:
+            raise MmError(f"layout: media item {item} out of range")
+        if spans[item] is not None:
+            raise MmError(f"layout: media item {item} placed twice")
+        if consumed >= total:
+            raise MmError(f"layout: media item {item} has no source placeholder at index {consumed}")
+        consumed += 1
+        if isinstance(pattern, Repeat):
+            if pattern.n <= 0:
+                raise MmError(f"layout: media item {item} expands to zero tokens")
+            spans[item] = (out_len, out_len + pattern.n - 1)
+            pieces.append((pattern.id, pattern.n))
+            out_len += pattern.n
+        else:
+            ids, content = pattern.ids, pattern.content
+            if not ids:
+                raise MmError(f"layout: media item {item} expands to zero tokens")
+            if not (0 <= content.start < content.stop <= len(ids)):
+                raise MmError(
+                    f"layout: media item {item} content range {_range_text(content)} "
+                    f"outside its {len(ids)} token(s)"
+                )
+            spans[item] = (out_len + content.start, out_len + content.stop - 1)
+            pieces.append(np.asarray(ids, dtype=np.int64))
+            out_len += len(ids)
+    if consumed != total:
+        raise MmError(f"layout: covers {consumed} of {total} source token(s)")
+    for i, span in enumerate(spans):
+        if span is None:
+            raise MmError(f"layout: media item {i} not placed")
+    out = np.empty(out_len, np.int64)
+    pos = 0
+    for piece in pieces:
+        if isinstance(piece, tuple):
+            token, n = piece
+            out[pos : pos + n] = token
+            pos += n
+        else:
+            out[pos : pos + len(piece)] = piece
+            pos += len(piece)
+    return out, spans  # type: ignore[return-value]  # every entry was checked above
+
+
+def layout_by_placeholder(ids: np.ndarray, placeholder_id: int, counts: Sequence[int]) -> TokenLayout:
+    """Each placeholder token k becomes `counts[k]` copies of itself; text between is kept.
+
+    The Qwen rule (and SGLang's `_expand_input_ids`): the prompt holds one `<|image_pad|>` per image.
+    """
+    where = np.flatnonzero(np.asarray(ids) == placeholder_id)
+    if len(where) != len(counts):
+        raise MmError(f"prompt has {len(where)} media placeholder(s) but {len(counts)} media item(s)")
+    segments: list[Segment] = []
+    start = 0
+    for k, index in enumerate(where.tolist()):
+        if index > start:
+            segments.append(Text(range(start, index)))
+        segments.append(Media(k, Repeat(placeholder_id, int(counts[k]))))
+        start = index + 1
+    if start < len(ids):
+        segments.append(Text(range(start, len(ids))))
+    return tuple(segments)

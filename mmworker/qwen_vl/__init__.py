@@ -1,0 +1,48 @@
+"""The qwen_vl family (Qwen2-VL, 2.5-VL, 3-VL, 3.5) and its Python face, as the crate's `qwen_vl` module.
+
+| function | does |
+|---|---|
+| `preprocess(data, spec)` | encoded image -> (pixel_values float32 [gh * gw, dim], (t, gh, gw)) |
+| `smart_resize(h, w, factor, min_pixels, max_pixels)` | target (h', w') |
+| `mrope_image_only(input_len, items, merge_size)` | M-RoPE positions int64 [3, L] and delta |
+
+`spec` is a mapping or JSON string with the keys of behaviour.md §7.1 (or a `QwenSpec`);
+`resample` picks the Hugging Face processor reproduced bit for bit: "aten_u8" (default,
+Qwen2VLImageProcessor with torchvision) or "pil" (Qwen2VLImageProcessorPil).
+"""
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mmworker.common.decode import decode_image
+from mmworker.errors import MmError
+from mmworker.qwen_vl.family import QwenVL
+from mmworker.qwen_vl.mrope import mrope_image_only
+from mmworker.qwen_vl.sizing import smart_resize
+from mmworker.qwen_vl.spec import QwenSpec
+
+__all__ = ["QwenSpec", "QwenVL", "mrope_image_only", "preprocess", "smart_resize"]
+
+
+def as_spec(spec: QwenSpec | Mapping[str, Any] | str) -> QwenSpec:
+    if isinstance(spec, QwenSpec):
+        return spec
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise MmError(f"qwen_vl spec: {exc}") from exc
+        if not isinstance(spec, dict):
+            raise MmError("qwen_vl spec: expected a JSON object")
+    return QwenSpec.from_mapping(spec)
+
+
+def preprocess(
+    data: bytes | memoryview, spec: QwenSpec | Mapping[str, Any] | str
+) -> tuple[np.ndarray, tuple]:
+    """Decode -> smart_resize -> resize -> normalise -> patchify one image."""
+    item = QwenVL(as_spec(spec)).process_item(decode_image(data))
+    return item.feature, tuple(int(v) for v in item.aux["image_grid_thw"])

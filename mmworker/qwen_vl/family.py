@@ -1,0 +1,88 @@
+"""The qwen_vl family: Qwen2-VL, 2.5-VL, 3-VL and 3.5 image preprocessing described as data."""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mmworker.common.pixels import RgbImage
+from mmworker.common.resize import resize_image
+from mmworker.errors import MmError
+from mmworker.pipeline import (
+    Allocator,
+    Capabilities,
+    Grid,
+    MRope,
+    ProcessedItem,
+    TokenLayout,
+    layout_by_placeholder,
+    numpy_allocator,
+)
+from mmworker.qwen_vl.mrope import mrope_image_only
+from mmworker.qwen_vl.patchify import normalisation_lut, patchify_into
+from mmworker.qwen_vl.sizing import smart_resize
+from mmworker.qwen_vl.spec import QwenSpec
+
+# spec.resample -> the resampler whose output equals that HF processor's resize.
+_RESAMPLER = {"aten_u8": "aten_u8", "pil": "pil_bicubic"}
+
+
+class QwenVL:
+    """smart_resize -> bicubic resize -> LUT normalise -> patchify; placeholder layout; image M-RoPE."""
+
+    name = "qwen_vl"
+
+    def __init__(self, spec: QwenSpec) -> None:
+        self.spec = spec
+        self._lut = normalisation_lut(spec.image_mean, spec.image_std, spec.resample)
+
+    def __repr__(self) -> str:
+        return f"QwenVL({self.spec})"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
+
+    def grid_for(self, height: int, width: int) -> tuple[int, int, int]:
+        """(t, gh, gw) of an image of this size, or MmError if it cannot be processed."""
+        spec = self.spec
+        th, tw = smart_resize(height, width, spec.factor, spec.min_pixels, spec.max_pixels)
+        gh, gw = th // spec.patch_size, tw // spec.patch_size
+        m = spec.merge_size
+        if gh == 0 or gw == 0 or gh % m or gw % m:
+            raise MmError(f"qwen_vl: patch grid {gh}x{gw} is empty or not a multiple of merge_size {m}")
+        return 1, gh, gw
+
+    def feature_shape(self, grid: tuple[int, int, int]) -> tuple[int, int]:
+        t, gh, gw = grid
+        return t * gh * gw, self.spec.feature_dim
+
+    def process_item(self, image: RgbImage, alloc: Allocator = numpy_allocator) -> ProcessedItem:
+        spec = self.spec
+        grid = self.grid_for(image.height, image.width)
+        th, tw = grid[1] * spec.patch_size, grid[2] * spec.patch_size
+        if (th, tw) != (image.height, image.width):
+            image = resize_image(image, tw, th, _RESAMPLER[spec.resample])
+        feature = alloc(self.feature_shape(grid), np.dtype(np.float32))
+        patchify_into(
+            np.ascontiguousarray(image.pixels), self._lut, spec.patch_size, spec.merge_size,
+            spec.temporal_patch_size, feature,
+        )  # fmt: skip
+        return ProcessedItem(
+            feature=feature,
+            aux={"image_grid_thw": np.array(grid, np.int64)},
+            geometry=Grid(*grid),
+        )
+
+    def tokens(self, geometry: Grid) -> int:
+        """Placeholder tokens one image expands to: t * gh * gw / merge^2."""
+        return geometry.t * geometry.h * geometry.w // (self.spec.merge_size**2)
+
+    def layout(self, input_ids: np.ndarray, geometries: Sequence[Grid]) -> TokenLayout:
+        counts = [self.tokens(g) for g in geometries]
+        return layout_by_placeholder(input_ids, self.spec.image_token_id, counts)
+
+    def positions(
+        self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]
+    ) -> MRope:
+        items = [(s, e, (g.t, g.h, g.w)) for (s, e), g in zip(offsets, geometries, strict=True)]
+        positions, delta = mrope_image_only(input_len, items, self.spec.merge_size)
+        return MRope(positions=positions, delta=delta)

@@ -1,0 +1,77 @@
+"""Normalise and patchify resized RGB pixels into Qwen's pixel_values, in one pass, in place.
+
+pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (behaviour.md §7.3):
+patches ordered (gh/m, gw/m, m, m) so each merge block of m x m patches is contiguous, and inside
+a patch (channel, temporal copy, row, column). A still image is repeated `tps` times along the
+temporal axis. Values come from a per-channel 256-entry float32 table computed with the exact
+float32 operations of the processor being reproduced, so normalising costs one lookup per sample
+and the result is bit-identical to Hugging Face's float arithmetic.
+"""
+
+import numpy as np
+from numba import njit
+
+
+def normalisation_lut(mean: tuple[float, ...], std: tuple[float, ...], resample: str) -> np.ndarray:
+    """float32 [3, 256]: the normalised value of every byte, per channel, as the HF processor computes it.
+
+    - "pil" (Qwen2VLImageProcessorPil): (v / 255 - mean) / std, every operation in float32.
+    - "aten_u8" (torchvision Qwen2VLImageProcessor, `_fuse_mean_std_and_rescale_factor`):
+      (v - mean * 255) / (std * 255), with the fused constants as float32 products.
+    """
+    v = np.arange(256, dtype=np.float32)
+    lut = np.empty((3, 256), np.float32)
+    f255 = np.float32(255)
+    for c in range(3):
+        mean_c, std_c = np.float32(mean[c]), np.float32(std[c])
+        if resample == "pil":
+            lut[c] = (v / f255 - mean_c) / std_c
+        else:
+            lut[c] = (v - mean_c * f255) / (std_c * f255)
+    return lut
+
+
+@njit(cache=True)
+def patchify_into(
+    pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, temporal: int, out: np.ndarray
+) -> None:
+    """Write pixel_values of (h, w, C >= 3) uint8 pixels into out (float32 [gh * gw, dim], C-contiguous).
+
+    h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows)
+    the pixels are normalised once into a planar float32 band (channel, row, x) that stays in
+    cache; each patch row is then a contiguous run copied from it, and each temporal copy a
+    contiguous block copied from the first. The output is written strictly in order.
+    """
+    h, w, channels = pixels.shape
+    src = pixels.reshape(-1)
+    dst = out.reshape(-1)
+    gh, gw = h // patch, w // patch
+    blocks_w = gw // merge
+    band_rows = merge * patch
+    band = np.empty((3, band_rows, w), np.float32)
+    plane = patch * patch
+    dim = out.shape[1]
+    lut0, lut1, lut2 = lut[0], lut[1], lut[2]
+    p = 0
+    for i in range(gh // merge):
+        for r in range(band_rows):
+            s = (i * band_rows + r) * w * channels
+            b0, b1, b2 = band[0, r], band[1, r], band[2, r]
+            for x in range(w):
+                b0[x] = lut0[src[s]]
+                b1[x] = lut1[src[s + 1]]
+                b2[x] = lut2[src[s + 2]]
+                s += channels
+        for j in range(blocks_w):
+            for mh in range(merge):
+                for mw in range(merge):
+                    x0 = (j * merge + mw) * patch
+                    for c in range(3):
+                        first = p * dim + c * temporal * plane
+                        for py in range(patch):
+                            row = band[c, mh * patch + py]
+                            for t in range(temporal):
+                                d = first + t * plane + py * patch
+                                for px in range(patch):
+                                    dst[d + px] = row[x0 + px]
+                    p += 1

@@ -1,0 +1,107 @@
+"""The qwen_vl spec: which checkpoint's preprocessing to reproduce, parsed and checked once.
+
+Keys as in SGLang's `RustMmSpec` JSON (behaviour.md §7.1); unknown keys are ignored.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmworker.errors import MmError
+
+# Which Hugging Face processor a spec reproduces bit for bit: "aten_u8" = Qwen2VLImageProcessor
+# (torchvision on uint8; the default), "pil" = Qwen2VLImageProcessorPil.
+RESAMPLE_MODES = ("aten_u8", "pil")
+
+
+@dataclass(frozen=True)
+class QwenSpec:
+    image_token_id: int
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple[float, float, float]  # float32 values
+    image_std: tuple[float, float, float]
+    resample: str = "aten_u8"
+
+    @property
+    def factor(self) -> int:
+        """Side lengths are multiples of this: patch_size * merge_size (28 or 32)."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def feature_dim(self) -> int:
+        """Floats per patch row of pixel_values: 3 * temporal_patch_size * patch_size^2."""
+        return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @classmethod
+    def from_mapping(cls, spec: Mapping[str, Any]) -> "QwenSpec":
+        def field(name: str) -> Any:
+            if name not in spec:
+                raise MmError(f"qwen_vl spec: missing field `{name}`")
+            return spec[name]
+
+        def integer(name: str) -> int:
+            value = field(name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise MmError(f"qwen_vl spec: `{name}` must be an integer, got {value!r}")
+            return value
+
+        def triple(name: str) -> tuple[float, float, float]:
+            value = field(name)
+            if (
+                not isinstance(value, (list, tuple))
+                or len(value) != 3
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            ):
+                raise MmError(f"qwen_vl spec: `{name}` must be 3 numbers, got {value!r}")
+            values = np.asarray(value, dtype=np.float64).astype(np.float32)
+            if not np.isfinite(values).all():
+                raise MmError(f"qwen_vl spec: `{name}` must be finite, got {value!r}")
+            return tuple(float(v) for v in values)  # type: ignore[return-value]
+
+        sizes = [integer(k) for k in ("patch_size", "merge_size", "temporal_patch_size")]
+        if min(sizes) <= 0:
+            raise MmError("qwen_vl spec: sizes must be positive")
+        resample = spec.get("resample", "aten_u8")
+        if resample not in RESAMPLE_MODES:
+            raise MmError(f"qwen_vl spec: unknown variant `{resample}`, expected `aten_u8` or `pil`")
+        min_pixels, max_pixels = integer("min_pixels"), integer("max_pixels")
+        if min_pixels < 0 or max_pixels <= 0:
+            raise MmError(f"qwen_vl spec: pixel budget must be positive, got {min_pixels}..{max_pixels}")
+        std = triple("image_std")
+        if 0.0 in std:
+            raise MmError(f"qwen_vl spec: `image_std` must be non-zero, got {list(std)}")
+        token = integer("image_token_id")
+        if token < 0:
+            raise MmError(f"qwen_vl spec: `image_token_id` must be non-negative, got {token}")
+        return cls(
+            image_token_id=token,
+            patch_size=sizes[0],
+            merge_size=sizes[1],
+            temporal_patch_size=sizes[2],
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            image_mean=triple("image_mean"),
+            image_std=std,
+            resample=resample,
+        )
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The JSON form (family key included), e.g. for the Rust extension's `spec_json`."""
+        return {
+            "family": "qwen_vl",
+            "image_token_id": self.image_token_id,
+            "patch_size": self.patch_size,
+            "merge_size": self.merge_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "min_pixels": self.min_pixels,
+            "max_pixels": self.max_pixels,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+            "resample": self.resample,
+        }

@@ -1,0 +1,59 @@
+"""Which family serves a spec (`pipeline_from_spec`), and the bundled specs of released Qwen checkpoints."""
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mmworker.errors import MmError
+from mmworker.pipeline import Family
+from mmworker.qwen_vl import QwenSpec, QwenVL
+
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+_HALF = [0.5, 0.5, 0.5]
+
+# preprocessor_config.json of the released checkpoints (Qwen/Qwen2-VL-7B-Instruct,
+# Qwen/Qwen2.5-VL-7B-Instruct, Qwen/Qwen3-VL-8B-Instruct, Qwen/Qwen3.5-*), image_token_id from
+# their tokenizers (<|image_pad|>). `resample` is left at the default (the torchvision processor,
+# which SGLang uses unless --disable-fast-image-processor).
+NAMED_SPECS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": {"family": "qwen_vl", "image_token_id": 151655, "patch_size": 14, "merge_size": 2,
+                 "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
+                 "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
+    "qwen2_5_vl": {"family": "qwen_vl", "image_token_id": 151655, "patch_size": 14, "merge_size": 2,
+                   "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
+                   "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
+    "qwen3_vl": {"family": "qwen_vl", "image_token_id": 151655, "patch_size": 16, "merge_size": 2,
+                 "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
+                 "image_mean": _HALF, "image_std": _HALF},
+    "qwen3_5": {"family": "qwen_vl", "image_token_id": 248056, "patch_size": 16, "merge_size": 2,
+                "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
+                "image_mean": _HALF, "image_std": _HALF},
+}  # fmt: skip
+
+_FAMILIES = {"qwen_vl": lambda spec: QwenVL(QwenSpec.from_mapping(spec))}
+
+
+def named_spec(name: str) -> dict[str, Any]:
+    """A copy of a bundled spec, by checkpoint family name (see NAMED_SPECS)."""
+    if name not in NAMED_SPECS:
+        raise MmError(f"unknown named spec {name!r}; known: {', '.join(NAMED_SPECS)}")
+    return json.loads(json.dumps(NAMED_SPECS[name]))
+
+
+def pipeline_from_spec(spec: Mapping[str, Any] | str) -> Family:
+    """The family for `spec`: a mapping, a JSON object string, or a bundled name such as "qwen2_vl"."""
+    if isinstance(spec, str):
+        if spec in NAMED_SPECS:
+            spec = NAMED_SPECS[spec]
+        else:
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as exc:
+                raise MmError(f"mm spec: {exc}") from exc
+    if not isinstance(spec, Mapping):
+        raise MmError(f"mm spec: expected a JSON object, got {type(spec).__name__}")
+    family = spec.get("family")
+    if family not in _FAMILIES:
+        raise MmError(f"unknown mm family: {family}")
+    return _FAMILIES[family](spec)

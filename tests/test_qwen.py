@@ -1,0 +1,250 @@
+"""qwen_vl: spec parsing, smart_resize, the normalisation LUT, patch order and M-RoPE."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from mmworker import MmError
+from mmworker.common.pixels import RgbImage
+from mmworker.qwen_vl import QwenSpec, QwenVL, mrope_image_only, preprocess, smart_resize
+from mmworker.qwen_vl.patchify import normalisation_lut, patchify_into
+from mmworker.registry import NAMED_SPECS, named_spec, pipeline_from_spec
+
+TINY = {"family": "qwen_vl", "image_token_id": 1, "patch_size": 2, "merge_size": 2, "temporal_patch_size": 2,
+        "min_pixels": 4, "max_pixels": 2**30, "image_mean": [0, 0, 0], "image_std": [1, 1, 1]}  # fmt: skip
+
+
+# --- smart_resize -------------------------------------------------------------------------------
+
+
+# behaviour.md §12 TV-Q1, verbatim.
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [((1365, 2048, 28, 3136, 12845056), (1372, 2044)), ((100, 100, 28, 3136, 12845056), (112, 112)),
+     ((3000, 4000, 28, 3136, 1003520), (840, 1148)), ((20, 20, 28, 3136, 12845056), (56, 56)),
+     ((1365, 2048, 32, 65536, 16777216), (1376, 2048)), ((4000, 48, 32, 4, 2**30), (4000, 64)),
+     ((768, 1024, 28, 3136, 1003520), (756, 1036)), ((3024, 4032, 28, 3136, 1003520), (840, 1148)),
+     ((480, 640, 28, 3136, 1003520), (476, 644)), ((720, 1280, 28, 3136, 1003520), (728, 1288)),
+     ((1080, 1920, 28, 3136, 1003520), (728, 1316))],
+)  # fmt: skip
+def test_smart_resize_vectors(args, expected):
+    assert smart_resize(*args) == expected
+
+
+def test_smart_resize_aspect_ratio_limit():
+    assert smart_resize(28, 5600, 28, 3136, 12845056)[1] > 0  # exactly 200 passes
+    with pytest.raises(MmError, match=r"^absolute aspect ratio must be smaller than 200, got 1000$"):
+        smart_resize(10000, 10, 28, 3136, 12845056)
+    with pytest.raises(MmError, match=r"got 200\.5$"):
+        smart_resize(1, 200.5, 28, 3136, 12845056)
+
+
+def test_smart_resize_degenerate_and_empty():
+    with pytest.raises(
+        MmError, match=r"^smart_resize: 10x2000 degenerates to 0x\d+ at max_pixels=3136; image is too thin"
+    ):
+        smart_resize(10, 2000, 28, 3136, 3136)
+    with pytest.raises(MmError, match=r"^empty image$"):
+        smart_resize(0, 5, 28, 3136, 3136)
+
+
+def test_smart_resize_parity_with_rust_extension(rust_ext):
+    rng = np.random.default_rng(1)
+    cases = [(int(h), int(w)) for h, w in rng.integers(1, 5000, (400, 2))] + [
+        (4000, 48),
+        (48, 4000),
+        (1, 1),
+        (3, 600),
+    ]
+    for factor, lo, hi in (
+        (28, 3136, 1003520),
+        (28, 3136, 12845056),
+        (32, 65536, 16777216),
+        (28, 3136, 3136),
+    ):
+        for h, w in cases:
+            try:
+                ours = smart_resize(h, w, factor, lo, hi)
+            except MmError:
+                with pytest.raises(ValueError):
+                    rust_ext.qwen_vl.smart_resize_py(h, w, factor, lo, hi)
+                continue
+            assert ours == tuple(rust_ext.qwen_vl.smart_resize_py(h, w, factor, lo, hi)), (h, w, factor)
+
+
+# --- spec ---------------------------------------------------------------------------------------
+
+
+def test_named_specs_parse():
+    for name in NAMED_SPECS:
+        family = pipeline_from_spec(name)
+        assert family.capabilities().video is False and family.capabilities().audio is False
+        assert family.spec == QwenSpec.from_mapping(named_spec(name))
+    assert pipeline_from_spec("qwen2_vl").spec.feature_dim == 1176
+    assert (
+        pipeline_from_spec("qwen3_5").spec.feature_dim == 1536
+        and pipeline_from_spec("qwen3_5").spec.factor == 32
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"resample": "pil_bicubic"}, "qwen_vl spec: unknown variant `pil_bicubic`, expected `aten_u8` or `pil`"),
+     ({"patch_size": 0}, "qwen_vl spec: sizes must be positive"),
+     ({"merge_size": -2}, "qwen_vl spec: sizes must be positive"),
+     ({"patch_size": "14"}, "qwen_vl spec: `patch_size` must be an integer"),
+     ({"image_mean": [0.5, 0.5]}, "qwen_vl spec: `image_mean` must be 3 numbers"),
+     ({"image_std": [0.5, 0, 0.5]}, "qwen_vl spec: `image_std` must be non-zero"),
+     ({"max_pixels": 0}, "qwen_vl spec: pixel budget must be positive")],
+)  # fmt: skip
+def test_spec_errors(change, message):
+    with pytest.raises(MmError, match=rf"^{message}"):
+        pipeline_from_spec({**TINY, **change})
+
+
+def test_spec_missing_field_and_registry_errors():
+    spec = dict(TINY)
+    del spec["image_std"]
+    with pytest.raises(MmError, match=r"^qwen_vl spec: missing field `image_std`$"):
+        pipeline_from_spec(spec)
+    with pytest.raises(MmError, match=r"^unknown mm family: intern_vl$"):
+        pipeline_from_spec({**TINY, "family": "intern_vl"})
+    with pytest.raises(MmError, match=r"^mm spec: "):
+        pipeline_from_spec("{not json")
+    with pytest.raises(MmError, match=r"^mm spec: expected a JSON object"):
+        pipeline_from_spec("[1, 2]")
+    assert (
+        pipeline_from_spec(json.dumps({**TINY, "unknown_key": 5, "feature_shm": True})).spec.patch_size == 2
+    )
+
+
+# --- normalisation and patch order ---------------------------------------------------------------
+
+
+def test_tv_q2_lut_modes_differ_on_128_entries():
+    pil = normalisation_lut((0.5,) * 3, (0.5,) * 3, "pil")
+    aten = normalisation_lut((0.5,) * 3, (0.5,) * 3, "aten_u8")
+    assert int((pil[0] != aten[0]).sum()) == 128
+    for lut in (pil, aten):
+        assert lut[0, 0] == -1.0 and lut[0, 255] == 1.0 and lut.dtype == np.float32
+
+
+def test_tv_q3_patch_order():
+    y, x, c = np.mgrid[0:4, 0:8, 0:3]
+    img = (16 * y + 2 * x + c).astype(np.uint8)
+    lut = normalisation_lut((0.0,) * 3, (1.0,) * 3, "pil")
+    pv = np.empty((8, 24), np.float32)
+    patchify_into(img, lut, 2, 2, 2, pv)
+    flat = pv.reshape(-1)
+    value = lambda yy, xx, cc: lut[cc, 16 * yy + 2 * xx + cc]  # noqa: E731
+    assert flat[24] == value(0, 2, 0)
+    assert flat[48] == value(2, 0, 0)
+    assert flat[96] == value(0, 4, 0)
+    assert flat[24 + 4] == flat[24]  # temporal copy
+    assert flat[8] == value(0, 0, 1)
+
+
+def hf_patchify(pixels, lut, ps, m, tps):
+    """Hugging Face's reshape/transpose route (Qwen2VLImageProcessor), as an independent oracle."""
+    h, w, _ = pixels.shape
+    x = np.stack([lut[c][pixels[:, :, c]] for c in range(3)])  # C, H, W
+    x = np.repeat(x[None], tps, axis=0)  # T, C, H, W
+    gh, gw = h // ps, w // ps
+    x = x.reshape(1, tps, 3, gh // m, m, ps, gw // m, m, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(gh * gw, 3 * tps * ps * ps)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ps=st.integers(1, 6), m=st.integers(1, 3), tps=st.integers(1, 3), bh=st.integers(1, 4),
+       bw=st.integers(1, 4), channels=st.sampled_from([3, 4]), seed=st.integers(0, 2**31))  # fmt: skip
+def test_patchify_matches_hf_reshape(ps, m, tps, bh, bw, channels, seed):
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (bh * m * ps, bw * m * ps, channels), dtype=np.uint8)
+    lut = normalisation_lut(tuple(rng.random(3)), tuple(rng.random(3) + 0.1), "aten_u8")
+    out = np.empty((bh * m * bw * m, 3 * tps * ps * ps), np.float32)
+    patchify_into(pixels, lut, ps, m, tps, out)
+    np.testing.assert_array_equal(out, hf_patchify(pixels[:, :, :3], lut, ps, m, tps))
+
+
+def test_preprocess_tv_d1_shapes():
+    img = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "PNG")
+    pv, thw = preprocess(buf.getvalue(), TINY)
+    assert thw == (1, 4, 4) and pv.shape == (16, 24) and pv.dtype == np.float32
+    family = QwenVL(QwenSpec.from_mapping({**TINY, "merge_size": 3, "min_pixels": 1}))
+    item = family.process_item(RgbImage(pixels=np.zeros((8, 8, 3), np.uint8)))  # factor 6: 8 -> 6
+    assert item.geometry.h == 3 and item.feature.shape == (9, 24)
+
+
+# --- M-RoPE --------------------------------------------------------------------------------------
+
+
+def test_tv_m1():
+    pos, delta = mrope_image_only(11, [(3, 8, (1, 4, 6))], 2)
+    assert pos.tolist() == [[0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7], [0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7],
+                            [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7]]  # fmt: skip
+    assert delta == -3 and pos.dtype == np.int64
+
+
+def test_mrope_errors():
+    with pytest.raises(MmError, match=r"^mrope: item range \(3,11\) out of order/bounds$"):
+        mrope_image_only(11, [(3, 11, (1, 4, 6))], 2)
+    with pytest.raises(MmError, match=r"^mrope: item range \(2,3\) out of order/bounds$"):
+        mrope_image_only(20, [(5, 10, (1, 4, 6)), (2, 3, (1, 2, 2))], 2)
+    with pytest.raises(MmError, match=r"^mrope: token span does not match grid$"):
+        mrope_image_only(11, [(3, 7, (1, 4, 6))], 2)
+    assert mrope_image_only(0, [], 2)[1] == -1
+
+
+def get_rope_index_reference(input_ids, grids, merge, image_token_id):
+    """The image branch of HF/SGLang get_rope_index, written as they write it (search, then append)."""
+    tokens = list(input_ids)
+    parts, st_ = [], 0
+    for t, h, w in grids:
+        ed = tokens.index(image_token_id, st_)
+        lt, lh, lw = t, h // merge, w // merge
+        st_idx = parts[-1].max() + 1 if parts else 0
+        text_len = ed - st_
+        parts.append(np.tile(np.arange(text_len), (3, 1)) + st_idx)
+        t_index = np.repeat(np.arange(lt), lh * lw)
+        h_index = np.tile(np.repeat(np.arange(lh), lw), lt)
+        w_index = np.tile(np.arange(lw), lt * lh)
+        parts.append(np.stack([t_index, h_index, w_index]) + text_len + st_idx)
+        st_ = ed + lt * lh * lw
+    if st_ < len(tokens):
+        st_idx = parts[-1].max() + 1 if parts else 0
+        parts.append(np.tile(np.arange(len(tokens) - st_), (3, 1)) + st_idx)
+    pos = np.concatenate(parts, axis=1)
+    return pos, int(pos.max()) + 1 - len(tokens)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=3),
+       st.integers(0, 5), st.sampled_from([1, 2]))  # fmt: skip
+def test_mrope_equals_get_rope_index(images, tail, merge):
+    P = 151655
+    ids, items = [], []
+    for lead, gh, gw in images:
+        ids.extend([7] * lead + [151652])  # text, then <|vision_start|>
+        n = gh * gw
+        items.append((len(ids), len(ids) + n - 1, (1, gh * merge, gw * merge)))
+        ids.extend([P] * n + [151653])  # image pads, <|vision_end|>
+    ids.extend([8] * tail)
+    ours, delta = mrope_image_only(len(ids), items, merge)
+    ref, ref_delta = get_rope_index_reference(ids, [g for _, _, g in items], merge, P)
+    np.testing.assert_array_equal(ours, ref)
+    assert delta == ref_delta
+
+
+def test_mrope_parity_with_rust_extension(rust_ext):
+    items = [(3, 8, (1, 4, 6)), (10, 13, (1, 4, 4))]
+    flat, delta = rust_ext.qwen_vl.mrope_image_only_py(20, [(s, e, *g) for s, e, g in items], 2)
+    ours, our_delta = mrope_image_only(20, items, 2)
+    np.testing.assert_array_equal(ours.reshape(-1), np.asarray(flat))
+    assert our_delta == delta
