@@ -37,41 +37,41 @@ def patchify_into(
 ) -> None:
     """Write pixel_values of (h, w, C >= 3) uint8 pixels into out (float32 [gh * gw, dim], C-contiguous).
 
-    h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows)
-    the pixels are normalised once into a planar float32 band (channel, row, x) that stays in
-    cache; each patch row is then a contiguous run copied from it, and each temporal copy a
-    contiguous block copied from the first. The output is written strictly in order.
+    h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows),
+    the pixels are normalised once into a band laid out [channel][merge row][patch column][py][px],
+    so that every (patch, channel) plane is one contiguous run of patch^2 floats; the output is then
+    written strictly in order as whole-plane copies (twice for the temporal duplicate). The band
+    is a few hundred KB and stays in cache.
     """
     h, w, channels = pixels.shape
     src = pixels.reshape(-1)
-    dst = out.reshape(-1)
     gh, gw = h // patch, w // patch
     blocks_w = gw // merge
-    band_rows = merge * patch
-    band = np.empty((3, band_rows, w), np.float32)
     plane = patch * patch
-    dim = out.shape[1]
+    channel_stride = merge * gw * plane
+    band = np.empty(3 * channel_stride, np.float32)
     lut0, lut1, lut2 = lut[0], lut[1], lut[2]
     p = 0
     for i in range(gh // merge):
-        for r in range(band_rows):
-            s = (i * band_rows + r) * w * channels
-            b0, b1, b2 = band[0, r], band[1, r], band[2, r]
-            for x in range(w):
-                b0[x] = lut0[src[s]]
-                b1[x] = lut1[src[s + 1]]
-                b2[x] = lut2[src[s + 2]]
-                s += channels
+        for mh in range(merge):
+            for py in range(patch):
+                s = ((i * merge + mh) * patch + py) * w * channels
+                b = mh * gw * plane + py * patch
+                for _col in range(gw):
+                    for px in range(patch):
+                        band[b + px] = lut0[src[s]]
+                        band[channel_stride + b + px] = lut1[src[s + 1]]
+                        band[2 * channel_stride + b + px] = lut2[src[s + 2]]
+                        s += channels
+                    b += plane
         for j in range(blocks_w):
             for mh in range(merge):
                 for mw in range(merge):
-                    x0 = (j * merge + mw) * patch
+                    row = out[p]
+                    first = (mh * gw + j * merge + mw) * plane
                     for c in range(3):
-                        first = p * dim + c * temporal * plane
-                        for py in range(patch):
-                            row = band[c, mh * patch + py]
-                            for t in range(temporal):
-                                d = first + t * plane + py * patch
-                                for px in range(patch):
-                                    dst[d + px] = row[x0 + px]
+                        source = band[c * channel_stride + first : c * channel_stride + first + plane]
+                        for t in range(temporal):
+                            d = (c * temporal + t) * plane
+                            row[d : d + plane] = source
                     p += 1

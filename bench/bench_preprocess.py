@@ -1,0 +1,245 @@
+"""Benchmark of bytes -> pixel_values per image: mmworker vs Hugging Face (both processors) vs the Rust crate.
+
+One process per implementation family, one thread each, pinned to one CPU, allocator tuned, the
+same encoded images, medians of alternating rounds:
+- mmworker `qwen_vl.preprocess` in both modes (aten_u8, pil);
+- `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install
+  transformers`; it pulls neither torch nor Pillow);
+- the torchvision `Qwen2VLImageProcessor` with one torch thread, run in the reference venv
+  (.venv-ref, scripts/setup_reference.sh) because torchvision would replace pillow-simd here;
+- the sglang 0.5.23 Rust extension's `qwen_vl.preprocess` with SGL_MM_RS_THREADS=1 (a yardstick only).
+Also: the floor (decode alone + one write of the output) and peak RSS per image in a fresh process.
+
+    .venv/bin/python bench/bench_preprocess.py [--rounds 5] [--json out.json]
+"""
+
+import argparse
+import importlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+REF_EXT = ROOT / ".cache" / "ref_ext"
+REF_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
+CASES = [
+    ("640x480", "JPEG"),
+    ("1280x720", "JPEG"),
+    ("1920x1080", "JPEG"),
+    ("4032x3024", "JPEG"),
+    ("1280x720", "PNG"),
+]
+# Qwen2-VL with the HF processor's default pixel budget (the sizes of measurements.md §7).
+SPEC_NAME = "qwen2_vl"
+MAX_PIXELS = 1003520
+
+TORCHVISION_WORKER = r"""
+import io, json, statistics, sys, time
+import torch
+torch.set_num_threads(1)
+from PIL import Image
+from transformers import Qwen2VLImageProcessor
+spec = json.loads(sys.argv[1]); files = sys.argv[2:]
+proc = Qwen2VLImageProcessor(patch_size=spec["patch_size"], merge_size=spec["merge_size"],
+    temporal_patch_size=spec["temporal_patch_size"], image_mean=spec["image_mean"],
+    image_std=spec["image_std"],
+    size={"shortest_edge": spec["min_pixels"], "longest_edge": spec["max_pixels"]})
+def run(data):
+    return proc(images=Image.open(io.BytesIO(data)).convert("RGB"), return_tensors="pt")["pixel_values"]
+out = {}
+for path in files:
+    data = open(path, "rb").read()
+    run(data)
+    runs = []
+    deadline = time.perf_counter() + float(spec["budget"])
+    while len(runs) < 3 or time.perf_counter() < deadline:
+        t0 = time.perf_counter(); run(data); runs.append(time.perf_counter() - t0)
+    out[path] = statistics.median(runs) * 1e3
+print(json.dumps(out))
+"""
+
+RSS_WORKER = r"""
+import resource, sys
+from mmworker.qwen_vl import preprocess
+from mmworker.corpus import encode, photo_like
+from mmworker.registry import named_spec
+spec = named_spec(sys.argv[1]); spec["max_pixels"] = int(sys.argv[2]); spec["resample"] = sys.argv[3]
+data = open(sys.argv[4], "rb").read()
+preprocess(encode(photo_like(64, 48), sys.argv[5]), spec)  # imports, kernels, first-use allocations
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+pv, _ = preprocess(data, spec)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024, pv.nbytes)
+"""
+
+
+def timed(fn, budget_s: float) -> float:
+    fn()
+    runs = []
+    deadline = time.perf_counter() + budget_s
+    while len(runs) < 3 or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def load_rust():
+    if not REF_EXT.is_dir():
+        return None
+    os.environ["SGL_MM_RS_THREADS"] = "1"
+    sys.path.insert(0, str(REF_EXT))
+    try:
+        return importlib.import_module("_multimodal")
+    except ImportError:
+        return None
+    finally:
+        sys.path.remove(str(REF_EXT))
+
+
+def load_hf_pil(spec: dict):
+    try:
+        from transformers import Qwen2VLImageProcessorPil
+    except ImportError:
+        return None
+    return Qwen2VLImageProcessorPil(
+        patch_size=spec["patch_size"], merge_size=spec["merge_size"],
+        temporal_patch_size=spec["temporal_patch_size"], image_mean=spec["image_mean"],
+        image_std=spec["image_std"],
+        size={"shortest_edge": spec["min_pixels"], "longest_edge": spec["max_pixels"]},
+    )  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=0.3, help="seconds per round and implementation")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    from mmworker.runtime import reexec_tuned
+
+    reexec_tuned()
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+
+    import io
+
+    from PIL import Image
+
+    from mmworker.common.decode import decode_image
+    from mmworker.corpus import STANDARD_SIZES, encode, photo_like
+    from mmworker.qwen_vl import preprocess
+    from mmworker.registry import named_spec
+
+    spec = named_spec(SPEC_NAME)
+    spec["max_pixels"] = MAX_PIXELS
+    specs = {mode: {**spec, "resample": mode} for mode in ("aten_u8", "pil")}
+    rust = load_rust()
+    hf_pil = load_hf_pil(spec)
+    tmp = Path(tempfile.mkdtemp(prefix="mmworker-bench-"))
+    images = {}
+    for size, fmt in CASES:
+        w, h = STANDARD_SIZES[size]
+        data = encode(photo_like(w, h, seed=1), fmt)
+        path = tmp / f"{size}.{fmt.lower()}"
+        path.write_bytes(data)
+        images[(size, fmt)] = (data, path)
+
+    rows = {}
+    for key, (data, _) in images.items():
+        pv, _ = preprocess(data, specs["aten_u8"])
+        out = np.empty_like(pv)
+        impls = {
+            "mmworker aten_u8": partial(preprocess, data, specs["aten_u8"]),
+            "mmworker pil": partial(preprocess, data, specs["pil"]),
+            "floor: decode": partial(decode_image, data),
+            "floor: write": partial(out.fill, 0.0),
+        }
+        if hf_pil is not None:
+            impls["HF Pil (pillow-simd)"] = lambda d=data: hf_pil(
+                images=Image.open(io.BytesIO(d)).convert("RGB"), return_tensors="np"
+            )
+        if rust is not None:
+            for mode in ("aten_u8", "pil"):
+                impls[f"Rust {mode}"] = partial(rust.qwen_vl.preprocess, data, json.dumps(specs[mode]))
+        samples = {name: [] for name in impls}
+        for _ in range(args.rounds):
+            for name, fn in impls.items():
+                samples[name].append(timed(fn, args.budget) * 1e3)
+        rows[key] = {name: statistics.median(v) for name, v in samples.items()}
+        rows[key]["output MB"] = pv.nbytes / 1e6
+        print(f"measured {key[0]} {key[1]}", file=sys.stderr)
+
+    if REF_PYTHON.exists():
+        worker_spec = json.dumps({**spec, "budget": args.budget * args.rounds})
+        paths = [str(p) for _, p in images.values()]
+        result = subprocess.run(
+            ["taskset", "-c", str(cpu), str(REF_PYTHON), "-c", TORCHVISION_WORKER, worker_spec, *paths],
+            capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        tv = json.loads(result.stdout.strip().splitlines()[-1])
+        for key, (_, path) in images.items():
+            rows[key]["HF torchvision (1 thread)"] = tv[str(path)]
+
+    for key, (_, path) in images.items():
+        measured = subprocess.run(
+            [sys.executable, "-c", RSS_WORKER, SPEC_NAME, str(MAX_PIXELS), "aten_u8", str(path), key[1]],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        peak, nbytes = (int(v) for v in measured.stdout.split())
+        rows[key]["peak RSS / output"] = peak / nbytes
+
+    names = [n for n in next(iter(rows.values())) if n not in ("output MB", "peak RSS / output")]
+    print(
+        f"\nbytes -> pixel_values, ms per image ({SPEC_NAME}, max_pixels {MAX_PIXELS}, 1 thread, CPU {cpu})"
+    )
+    print(f"{'implementation':<28}" + "".join(f"{k[0] + ' ' + k[1]:>17}" for k in rows))
+    for name in names:
+        print(f"{name:<28}" + "".join(f"{rows[k].get(name, float('nan')):>17.2f}" for k in rows))
+    print(f"{'output MB':<28}" + "".join(f"{rows[k]['output MB']:>17.1f}" for k in rows))
+    print(f"{'peak RSS / output':<28}" + "".join(f"{rows[k]['peak RSS / output']:>17.2f}" for k in rows))
+
+    def ratio(key, other, ours="mmworker aten_u8"):
+        return rows[key][other] / rows[key][ours] if other in rows[key] else float("nan")
+
+    print("\nspeed-up of mmworker aten_u8 over:")
+    others = [n for n in names if not n.startswith(("mmworker", "floor"))]
+    for other in others:
+        print(f"  {other:<26}" + "".join(f"{ratio(k, other):>16.2f}x" for k in rows))
+    over = [rows[k]["mmworker aten_u8"] - rows[k]["floor: decode"] - rows[k]["floor: write"] for k in rows]
+    print(f"  {'(ms above the floor)':<26}" + "".join(f"{v:>16.2f} " for v in over))
+
+    verdicts = []
+    jpegs = [k for k in rows if k[1] == "JPEG"]
+    if rust is not None:
+        geo = math.exp(statistics.mean(math.log(ratio(k, "Rust aten_u8")) for k in jpegs))
+        verdicts.append(("vs Rust, geometric mean over JPEG sizes >= 3x", geo, geo >= 3))
+        worst = min(ratio(k, "Rust aten_u8") for k in jpegs)
+        verdicts.append(("vs Rust, every JPEG size >= 2x", worst, worst >= 2))
+        png = ratio(("1280x720", "PNG"), "Rust aten_u8")
+        verdicts.append(("vs Rust, 1280x720 PNG not slower (>= 1x)", png, png >= 1))
+    if "HF torchvision (1 thread)" in rows[jpegs[0]]:
+        worst = min(ratio(k, "HF torchvision (1 thread)") for k in rows)
+        verdicts.append(("vs torchvision processor, every case >= 2.5x", worst, worst >= 2.5))
+    worst_rss = max(rows[k]["peak RSS / output"] for k in rows)
+    verdicts.append(("peak RSS per image <= 1.5x output", worst_rss, worst_rss <= 1.5))
+    print()
+    for text, value, ok in verdicts:
+        print(f"target {text}: {value:.2f} {'PASS' if ok else 'MISS'}")
+    if args.json:
+        args.json.write_text(json.dumps({f"{k[0]} {k[1]}": v for k, v in rows.items()}, indent=2))
+    return 0 if all(ok for *_, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
