@@ -47,15 +47,22 @@ def test_preprocess_equals_reference(case):
 
 
 def test_tv_q4_hf_defaults_1024x768():
-    case = next(c for c in QWEN["cases"] if c["config"] == "qwen2_vl_hf_default" and "w1024_h768" in c["image"])
-    pixel_values, grid = preprocess((INPUTS / case["image"]).read_bytes(), QWEN["configs"]["qwen2_vl_hf_default"])
+    case = next(
+        c for c in QWEN["cases"] if c["config"] == "qwen2_vl_hf_default" and "w1024_h768" in c["image"]
+    )
+    pixel_values, grid = preprocess(
+        (INPUTS / case["image"]).read_bytes(), QWEN["configs"]["qwen2_vl_hf_default"]
+    )
     assert pixel_values.shape == (3996, 1176) and grid == (1, 54, 74)
 
 
 def test_fixture_covers_what_the_issue_asks():
     cases = QWEN["cases"]
     assert {c["config"] for c in cases} >= {"qwen2_vl", "qwen3_vl", "qwen3_5", "qwen2_5_vl_fixture"}
-    assert {c["format"] for c in cases} == {"PNG", "JPEG"} and {c["mode"] for c in cases} == {"aten_u8", "pil"}
+    assert {c["format"] for c in cases} == {"PNG", "JPEG"} and {c["mode"] for c in cases} == {
+        "aten_u8",
+        "pil",
+    }
     sizes = {(c["w"], c["h"]) for c in cases}
     assert {(50, 40), (300, 301), (1, 1), (10, 10)} <= sizes  # odd and lifted-by-the-clamp sizes
     assert {(28, 5572), (28, 5600), (2814, 14)} <= sizes  # aspect 199, 200, 201
