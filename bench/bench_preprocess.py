@@ -68,17 +68,22 @@ print(json.dumps(out))
 """
 
 RSS_WORKER = r"""
-import resource, sys
+import sys
 from mmworker.qwen_vl import preprocess
 from mmworker.corpus import encode, photo_like
 from mmworker.registry import named_spec
 spec = named_spec(sys.argv[1]); spec["max_pixels"] = int(sys.argv[2]); spec["resample"] = sys.argv[3]
 data = open(sys.argv[4], "rb").read()
 preprocess(encode(photo_like(64, 48), sys.argv[5]), spec)  # imports, kernels, first-use allocations
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+before = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:  # "5" resets VmHWM (peak RSS) to the current RSS
+    f.write("5")
 pv, _ = preprocess(data, spec)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((after - before) * 1024, pv.nbytes)
+print(status("VmHWM:") - before, pv.nbytes)
 """
 
 
