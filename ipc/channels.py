@@ -1,0 +1,152 @@
+"""ZeroMQ channels for a client and its workers: endpoints in a private directory, a load-balancing ROUTER, DEALERs.
+
+Topology (one client, N workers; W_k connect, the client binds):
+
+    client: Router (ROUTER, bound) <------ DEALER (identity w<k>) : worker k
+              | idle: workers that announced readiness and hold no job
+              '- dispatch(job) -> the longest-idle worker, or None when all are busy
+
+A worker gets a job only when it is idle (it announced readiness, or answered its last job), never
+queued blindly behind another worker's slow job. Control messages (Release, Cancel, Stop) go to a
+specific worker and are not dispatches. Every received header is decoded by `ipc.wire.decode`; a
+malformed or hostile message is logged and dropped, never raised into the receive loop.
+
+Endpoints are ipc:// sockets inside a fresh 0700 directory (nobody else can connect); tcp:// is
+accepted for remote peers. All sockets close with linger 0, so `close()` never hangs on unsent data.
+libzmq runs its own I/O and reaper threads in every process that uses it; they move bytes only.
+"""
+
+import logging
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+
+import zmq
+
+from ipc.errors import ChannelClosed, WireError
+from ipc.wire import Message, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+class RuntimeDir:
+    """A private (0700) directory holding a client's ipc:// socket files; removed on close."""
+
+    def __init__(self, prefix: str = "mmworker-") -> None:
+        self.path = tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it 0700
+        os.chmod(self.path, 0o700)
+
+    def endpoint(self, name: str) -> str:
+        return f"ipc://{os.path.join(self.path, name)}"
+
+    def close(self) -> None:
+        if os.path.isdir(self.path):
+            shutil.rmtree(self.path)
+
+
+def new_context() -> zmq.Context:
+    """A ZeroMQ context with one I/O thread (ipc/tcp need one; more buys nothing here)."""
+    return zmq.Context(io_threads=1)
+
+
+def _configure(sock: zmq.Socket) -> zmq.Socket:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)  # bounded by the pool's own queue limits, not by silent drops
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
+
+
+class Router:
+    """The client side: one bound ROUTER, the idle set, and checked receives."""
+
+    def __init__(self, context: zmq.Context, endpoint: str) -> None:
+        self.sock = _configure(context.socket(zmq.ROUTER))
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, never drops
+        self.sock.bind(endpoint)
+        self.endpoint = endpoint
+        self._idle: OrderedDict[bytes, None] = OrderedDict()
+        self.rejected = 0  # malformed messages dropped
+
+    def fileno(self) -> int:
+        """The socket's edge-triggered notification fd: readable means "call recv until None"."""
+        return self.sock.getsockopt(zmq.FD)
+
+    def send(self, peer: bytes, message: Message, payload: tuple = ()) -> None:
+        try:
+            self.sock.send_multipart([peer, encode(message), *payload], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise ChannelClosed(f"peer {peer!r} is not connected") from exc
+            raise
+
+    def mark_idle(self, peer: bytes) -> None:
+        self._idle[peer] = None
+
+    def forget(self, peer: bytes) -> None:
+        self._idle.pop(peer, None)
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def dispatch(self, message: Message, payload: tuple = ()) -> bytes | None:
+        """Send to the longest-idle worker and mark it busy; None if no worker is idle."""
+        while self._idle:
+            peer, _ = self._idle.popitem(last=False)
+            try:
+                self.send(peer, message, payload)
+            except ChannelClosed:
+                continue  # it died after announcing readiness; the pool notices through its process
+            return peer
+        return None
+
+    def poll(self, timeout_ms: int) -> bool:
+        return bool(self.sock.poll(timeout_ms, zmq.POLLIN))
+
+    def recv(self) -> tuple[bytes, Message, list] | None:
+        """The next valid (peer, message, payload) if one is waiting, else None (never blocks)."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            peer = frames[0].bytes
+            try:
+                message, payload = decode(frames[1:])
+            except WireError as exc:
+                self.rejected += 1
+                log.error("dropped a malformed message from %r: %s", peer, exc)
+                continue
+            return peer, message, payload
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class Dealer:
+    """A worker's side: one DEALER with a fixed identity, connected to the client's Router."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, identity: bytes) -> None:
+        self.sock = _configure(context.socket(zmq.DEALER))
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(endpoint)
+        self.rejected = 0
+
+    def send(self, message: Message, payload: tuple = ()) -> None:
+        self.sock.send_multipart([encode(message), *payload], copy=False)
+
+    def recv(self, timeout_ms: int) -> tuple[Message, list] | None:
+        """The next valid message within timeout_ms (-1: wait forever), else None."""
+        while True:
+            if not self.sock.poll(timeout_ms, zmq.POLLIN):
+                return None
+            frames = self.sock.recv_multipart(copy=False)
+            try:
+                return decode(frames)
+            except WireError as exc:
+                self.rejected += 1
+                log.error("dropped a malformed message: %s", exc)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

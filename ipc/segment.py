@@ -1,0 +1,171 @@
+"""POSIX shared-memory segments: creation, attachment, names, removal, and the stale-segment sweep.
+
+These are the objects `multiprocessing.shared_memory` makes (on Linux `shm_open` is `open(2)` on
+/dev/shm), handled directly so that no resource tracker is involved: before Python 3.13 the tracker
+registers attach-only segments too and unlinks them when an attaching process exits (gh-82300),
+which is exactly the double-unlink / destroyed-live-buffer class of bug to avoid.
+
+Lifecycle, one owner:
+  1. the owner `create`s: O_CREAT|O_EXCL, mode 0600, then `posix_fallocate` so that a /dev/shm too
+     small fails here with ENOSPC instead of SIGBUS at the first write later, then maps it with
+     MAP_POPULATE (pages are touched once, up front: fresh pages cost ~1 ms/MB at first touch);
+  2. the peer `attach`es by name (also MAP_POPULATE);
+  3. the owner `unlink`s the name as soon as every party has mapped it. From then on the memory
+     lives exactly as long as some mapping does: a crash of anyone, even SIGKILL, cannot leak it.
+Names carry the creating process's pid and start time (`PREFIX-<pid>-<start>-<tag>`), so the
+start-up sweep removes segments whose creator is gone, and never one whose creator is alive (a
+recycled pid has another start time).
+"""
+
+import errno
+import mmap
+import os
+import secrets
+import stat
+
+from ipc.errors import SharedMemoryError
+
+SHM_DIR = "/dev/shm"
+PREFIX = "mmw"
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
+    fields = stat_line[stat_line.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def new_name(tag: str) -> str:
+    """A fresh segment name owned by this process: PREFIX-<pid>-<start time>-<tag>-<random>."""
+    pid = os.getpid()
+    if not tag.replace("_", "").isalnum():
+        raise ValueError(f"segment tag must be alphanumeric (underscores allowed), got {tag!r}")
+    return f"{PREFIX}-{pid}-{process_start_time(pid)}-{tag}-{secrets.token_hex(4)}"
+
+
+def free_bytes() -> int:
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+class Segment:
+    """One mapped shared-memory segment. Only the creator may `unlink`; everyone must `close`."""
+
+    def __init__(self, name: str, size: int, buf: mmap.mmap, *, owner: bool, writable: bool) -> None:
+        self.name = name
+        self.size = size
+        self._mmap = buf
+        self.owner = owner
+        self.writable = writable
+        self._linked = owner
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        """Create, reserve and map a new segment of `size` bytes (SharedMemoryError if impossible)."""
+        if size <= 0:
+            raise SharedMemoryError(f"shared memory: segment size must be positive, got {size}")
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise SharedMemoryError(f"shared memory: cannot create {path}: {exc.strerror}") from exc
+        try:
+            os.fchmod(fd, 0o600)  # the umask can only remove bits, but be explicit about the mode
+            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                    raise SharedMemoryError(
+                        f"shared memory: {SHM_DIR} cannot hold a {size}-byte segment "
+                        f"({free_bytes()} bytes free); enlarge it (e.g. docker --shm-size) or shrink the rings"
+                    ) from exc
+                raise
+            buf = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        return cls(name, size, buf, owner=True, writable=True)
+
+    @classmethod
+    def attach(cls, name: str, *, writable: bool) -> "Segment":
+        """Map an existing segment by name (read-only unless `writable`)."""
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SharedMemoryError(f"shared memory: cannot attach {path}: {exc.strerror}") from exc
+        try:
+            size = os.fstat(fd).st_size
+            if size <= 0:
+                raise SharedMemoryError(f"shared memory: {path} is empty")
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            buf = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, prot)
+        finally:
+            os.close(fd)
+        return cls(name, size, buf, owner=False, writable=writable)
+
+    @property
+    def buffer(self) -> memoryview:
+        """The mapped bytes (writable only for a writable mapping)."""
+        view = memoryview(self._mmap)
+        return view if self.writable else view.toreadonly()
+
+    def unlink(self) -> None:
+        """Remove the name (creator only, once); the memory stays while any mapping exists."""
+        if not self.owner:
+            raise SharedMemoryError(f"shared memory: only the creator may unlink {self.name}")
+        if self._linked:
+            self._linked = False
+            os.unlink(os.path.join(SHM_DIR, self.name))
+
+    def close(self) -> bool:
+        """Unmap if nothing still views the memory; returns False (and keeps the mapping) if something does.
+
+        A zero-copy numpy view pins the mapping, so the unmap then happens when the last view is
+        garbage collected instead; the name is gone already, so nothing can leak either way.
+        """
+        try:
+            self._mmap.close()
+        except BufferError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        role = "owner" if self.owner else "attached"
+        return f"Segment({self.name!r}, {self.size} bytes, {role}, {'linked' if self._linked else 'unlinked'})"
+
+
+def sweep_stale(prefix: str = PREFIX) -> list[str]:
+    """Remove segments named `prefix-<pid>-<start>-...` whose creating process no longer exists.
+
+    Only our own naming scheme is touched, and only when the creator's pid is gone or now belongs
+    to a process with another start time. Returns the names removed.
+    """
+    removed = []
+    try:
+        entries = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        parts = entry.split("-")
+        if len(parts) < 4 or parts[0] != prefix or not parts[1].isdigit() or not parts[2].isdigit():
+            continue
+        if process_start_time(int(parts[1])) == int(parts[2]):
+            continue  # the creator is alive: not ours to remove
+        path = os.path.join(SHM_DIR, entry)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+                removed.append(entry)
+        except FileNotFoundError:
+            continue
+    return removed

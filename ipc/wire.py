@@ -1,0 +1,129 @@
+"""The wire format: versioned msgspec messages, never pickle, validated into plain values on receipt.
+
+A message on a socket is a multipart ZeroMQ message:
+
+    [header: msgpack of one message struct below] [payload frame 0] [payload frame 1] ...
+
+Only the header is decoded; payload frames (raw image bytes, for instance) are passed on as they
+are, zero-copy, and never interpreted by the transport. Decoding checks the version, the header's
+size, the schema (msgspec: exact types, no unknown tags, no arbitrary objects) and the number of
+payload frames the header announces. Tensor descriptors are checked again, against the ring's
+bounds, by `ipc.ring.RingReader.view` before any view exists.
+
+Message flow (C = client, W = worker):
+    W -> C  Hello      after start-up: which ring it writes, its pid
+    C -> W  Job        one unit of work + `frames` payload frames
+    W -> C  Done       result tensors (descriptors into W's ring) and small metadata
+    W -> C  Failed     the job's one-line reason
+    C -> W  Release    allocations the client no longer uses (W may reuse their space)
+    C -> W  Cancel     drop a job if it has not started (a started job still answers)
+    C -> W  Stop       finish the current job, then exit
+"""
+
+import msgspec
+
+from ipc.errors import WireError
+
+WIRE_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20  # headers are small; anything bigger is hostile or a bug
+MAX_FRAMES = 1024
+
+# Plain values an application may put in `args` / `meta`: no objects, no nesting beyond lists.
+Scalar = int | float | str | bool | None
+Value = Scalar | list[Scalar | list[int]]
+
+
+class TensorDesc(msgspec.Struct, frozen=True, array_like=True):
+    """Where a tensor lives: ring id, byte offset, allocation sequence number, size, dtype, shape."""
+
+    ring: int
+    offset: int
+    seq: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class Hello(msgspec.Struct, frozen=True, tag="hello"):
+    version: int
+    worker: int
+    pid: int
+    ring: int
+    ring_name: str
+    ring_size: int
+
+
+class Job(msgspec.Struct, frozen=True, tag="job"):
+    rid: int
+    frames: int
+    deadline_ms: int
+    args: dict[str, Value] = {}
+
+
+class Done(msgspec.Struct, frozen=True, tag="done"):
+    rid: int
+    tensors: dict[str, TensorDesc]
+    meta: dict[str, Value] = {}
+    busy_ms: float = 0.0
+
+
+class Failed(msgspec.Struct, frozen=True, tag="failed"):
+    rid: int
+    error: str
+    busy_ms: float = 0.0
+
+
+class Release(msgspec.Struct, frozen=True, tag="release"):
+    ring: int
+    allocations: list[tuple[int, int]]  # (offset, seq)
+
+
+class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
+    rid: int
+
+
+class Stop(msgspec.Struct, frozen=True, tag="stop"):
+    pass
+
+
+Message = Hello | Job | Done | Failed | Release | Cancel | Stop
+
+
+class _Envelope(msgspec.Struct, frozen=True, array_like=True):
+    version: int
+    body: Message
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Envelope)
+
+
+def encode(message: Message) -> bytes:
+    """The header frame for `message`."""
+    return _encoder.encode(_Envelope(WIRE_VERSION, message))
+
+
+def decode(frames: list) -> tuple[Message, list]:
+    """(message, payload frames) from a received multipart message; WireError if anything is off.
+
+    `frames` may hold bytes, memoryviews or zmq.Frame objects; the payload frames are returned as
+    given (no copy).
+    """
+    if not frames:
+        raise WireError("empty message")
+    header = frames[0]
+    raw = header.buffer if hasattr(header, "buffer") else header
+    if len(raw) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        envelope = _decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"malformed header: {exc}") from exc
+    if envelope.version != WIRE_VERSION:
+        raise WireError(f"wire version {envelope.version}, expected {WIRE_VERSION}")
+    message = envelope.body
+    payload = frames[1:]
+    expected = message.frames if isinstance(message, Job) else 0
+    if len(payload) != expected or expected > MAX_FRAMES:
+        raise WireError(f"{type(message).__name__} announces {expected} payload frame(s), got {len(payload)}")
+    return message, payload
