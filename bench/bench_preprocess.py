@@ -205,9 +205,7 @@ def main() -> int:
         rows[key]["peak RSS / output"] = peak / nbytes
 
     names = [n for n in next(iter(rows.values())) if n not in ("output MB", "peak RSS / output")]
-    print(
-        f"\nbytes -> pixel_values, ms per image ({SPEC_NAME}, max_pixels {MAX_PIXELS}, 1 thread, CPU {cpu})"
-    )
+    print(f"\nbytes -> pixel_values, ms per image ({SPEC_NAME}, max_pixels {MAX_PIXELS}, 1 thread, CPU {cpu})")
     print(f"{'implementation':<28}" + "".join(f"{k[0] + ' ' + k[1]:>17}" for k in rows))
     for name in names:
         print(f"{name:<28}" + "".join(f"{rows[k].get(name, float('nan')):>17.2f}" for k in rows))

@@ -92,9 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     which = proc.add_mutually_exclusive_group()
     which.add_argument("--family", default="qwen2_vl", help="bundled spec name (default qwen2_vl)")
     which.add_argument("--spec", help="JSON spec file (keys of SGLang's qwen_vl spec)")
-    proc.add_argument(
-        "--prompt-ids", type=_int_list, help="prompt token ids (default: one placeholder per image)"
-    )
+    proc.add_argument("--prompt-ids", type=_int_list, help="prompt token ids (default: one placeholder per image)")
     proc.set_defaults(run=_process)
     return parser
 

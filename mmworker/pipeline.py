@@ -132,9 +132,7 @@ def _range_text(r: range) -> str:
     return f"{r.start}..{r.stop}"  # Rust's Debug form of a Range, as in the crate's messages
 
 
-def apply_layout(
-    src: np.ndarray, layout: TokenLayout, n_items: int
-) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def apply_layout(src: np.ndarray, layout: TokenLayout, n_items: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Expand `src` (int64 prompt ids) by `layout`; returns (expanded ids, inclusive offsets by item).
 
     Every check of behaviour.md §1.3 runs before anything is built: segments must tile the source
@@ -151,9 +149,7 @@ def apply_layout(
             if span.start < 0 or span.stop > total or span.start > span.stop:
                 raise MmError(f"layout: text range {_range_text(span)} out of bounds")
             if span.start != consumed:
-                raise MmError(
-                    f"layout: text range {_range_text(span)} does not resume at source index {consumed}"
-                )
+                raise MmError(f"layout: text range {_range_text(span)} does not resume at source index {consumed}")
             pieces.append(src[span.start : span.stop])
             out_len += span.stop - span.start
             consumed = span.stop
@@ -178,8 +174,7 @@ def apply_layout(
                 raise MmError(f"layout: media item {item} expands to zero tokens")
             if not (0 <= content.start < content.stop <= len(ids)):
                 raise MmError(
-                    f"layout: media item {item} content range {_range_text(content)} "
-                    f"outside its {len(ids)} token(s)"
+                    f"layout: media item {item} content range {_range_text(content)} outside its {len(ids)} token(s)"
                 )
             spans[item] = (out_len + content.start, out_len + content.stop - 1)
             pieces.append(np.asarray(ids, dtype=np.int64))

@@ -31,9 +31,7 @@ def png_chunk(kind: bytes, body: bytes) -> bytes:
 
 def png_claiming(width: int, height: int, idat: bytes) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["file"])
@@ -59,9 +57,7 @@ def test_sixteen_bit_png_is_refused_not_truncated(name, color):
         image_decode_rgb(fixture_bytes(name))
 
 
-@pytest.mark.parametrize(
-    ("name", "fmt"), [("tiff_rgb.tif", "TIFF"), ("ico_32.ico", "ICO"), ("ppm_rgb.ppm", "PNM")]
-)
+@pytest.mark.parametrize(("name", "fmt"), [("tiff_rgb.tif", "TIFF"), ("ico_32.ico", "ICO"), ("ppm_rgb.ppm", "PNM")])
 def test_formats_pil_reads_but_we_refuse(name, fmt):
     with pytest.raises(MmError, match=f"unsupported image format {fmt}"):
         image_decode_rgb(fixture_bytes(name))
@@ -191,9 +187,7 @@ def test_mutated_images_decode_or_fail_cleanly(name, data):
         assert rgb.shape == (h, w, 3)
 
 
-@pytest.mark.parametrize(
-    "name", [c["file"] for c in CASES if c["expected"] == "ok" and c["format"] != "JPEG"]
-)
+@pytest.mark.parametrize("name", [c["file"] for c in CASES if c["expected"] == "ok" and c["format"] != "JPEG"])
 def test_lossless_decode_parity_with_rust_extension(rust_ext, name):
     data = fixture_bytes(name)
     h, w, flat = rust_ext.common.image_decode_rgb(data)

@@ -169,9 +169,7 @@ def test_driver_parity_with_rust_extension(rust_ext):
             ids, images, json.dumps(s)
         )
         assert out.input_ids.tolist() == list(r_ids)
-        np.testing.assert_array_equal(
-            np.concatenate([i.feature for i in out.items]).reshape(-1), np.asarray(r_feat)
-        )
+        np.testing.assert_array_equal(np.concatenate([i.feature for i in out.items]).reshape(-1), np.asarray(r_feat))
         assert [tuple(i.aux["image_grid_thw"]) for i in out.items] == [tuple(g) for g in r_grids]
         assert [i.hash for i in out.items] == list(r_hashes)
         assert list(out.offsets) == [tuple(o) for o in r_offsets]

@@ -76,9 +76,7 @@ def _fetch(
         for srv in servers:
             srv.wait_idle()
         after = _fds()
-        assert after == before, (
-            f"fetch left a file descriptor open: {set(after.items()) - set(before.items())}"
-        )
+        assert after == before, f"fetch left a file descriptor open: {set(after.items()) - set(before.items())}"
 
 
 def test_200_ok(server):

@@ -86,9 +86,7 @@ def test_parity_with_rust_extension(rust_ext):
     rng = np.random.default_rng(9)
     for h, w in ((37, 53), (40, 40), (200, 320), (1, 1)):
         arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        np.testing.assert_array_equal(
-            patchify_rgb(arr, 40), np.asarray(rust_ext.inkling.patchify_rgb(arr, 40))
-        )
+        np.testing.assert_array_equal(patchify_rgb(arr, 40), np.asarray(rust_ext.inkling.patchify_rgb(arr, 40)))
     arr = rng.integers(0, 256, (108, 192, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, "PNG")

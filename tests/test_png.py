@@ -417,15 +417,11 @@ def test_palette_rules():
     check(build_png(4, 3, 8, 3, filtered, pre=chunk(b"PLTE", bytes(771))), expect="none")
 
 
-@pytest.mark.parametrize(
-    ("trns", "expect"), [(b"\x00\x07", "decoded"), (b"\x01\x07", "none"), (b"\x07", "none")]
-)
+@pytest.mark.parametrize(("trns", "expect"), [(b"\x00\x07", "decoded"), (b"\x01\x07", "none"), (b"\x07", "none")])
 def test_grey_transparency(trns, expect):
     rng = np.random.default_rng(6)
     check(random_image(rng, 8, 8, 8, 0, pre=chunk(b"tRNS", trns)), expect=expect)
-    check(
-        random_image(rng, 8, 8, 1, 0, pre=chunk(b"tRNS", trns)), expect="none" if len(trns) < 2 else "decoded"
-    )
+    check(random_image(rng, 8, 8, 1, 0, pre=chunk(b"tRNS", trns)), expect="none" if len(trns) < 2 else "decoded")
 
 
 # --- what we never decode ----------------------------------------------------------------------
@@ -451,12 +447,7 @@ def test_pixel_limit_is_checked_from_the_header_before_any_work(monkeypatch):
     monkeypatch.setattr(png, "_inflate", no_inflate)
     assert decode_png(data, 97 * 61 - 1) is None
     # A tiny file claiming 40000 x 40000 (1.6 Gpx): refused without allocating anything image-sized.
-    huge = (
-        SIGNATURE
-        + ihdr(40000, 40000, 8, 2)
-        + chunk(b"IDAT", zlib.compress(bytes(50_000)))
-        + chunk(b"IEND", b"")
-    )
+    huge = SIGNATURE + ihdr(40000, 40000, 8, 2) + chunk(b"IDAT", zlib.compress(bytes(50_000))) + chunk(b"IEND", b"")
     tracemalloc.start()
     try:
         assert decode_png(huge, MAX_IMAGE_PIXELS) is None

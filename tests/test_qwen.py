@@ -86,10 +86,7 @@ def test_named_specs_parse():
         assert family.capabilities().video is False and family.capabilities().audio is False
         assert family.spec == QwenSpec.from_mapping(named_spec(name))
     assert pipeline_from_spec("qwen2_vl").spec.feature_dim == 1176
-    assert (
-        pipeline_from_spec("qwen3_5").spec.feature_dim == 1536
-        and pipeline_from_spec("qwen3_5").spec.factor == 32
-    )
+    assert pipeline_from_spec("qwen3_5").spec.feature_dim == 1536 and pipeline_from_spec("qwen3_5").spec.factor == 32
 
 
 @pytest.mark.parametrize(
@@ -118,9 +115,7 @@ def test_spec_missing_field_and_registry_errors():
         pipeline_from_spec("{not json")
     with pytest.raises(MmError, match=r"^mm spec: expected a JSON object"):
         pipeline_from_spec("[1, 2]")
-    assert (
-        pipeline_from_spec(json.dumps({**TINY, "unknown_key": 5, "feature_shm": True})).spec.patch_size == 2
-    )
+    assert pipeline_from_spec(json.dumps({**TINY, "unknown_key": 5, "feature_shm": True})).spec.patch_size == 2
 
 
 # --- normalisation and patch order ---------------------------------------------------------------

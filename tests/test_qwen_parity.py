@@ -47,12 +47,8 @@ def test_preprocess_equals_reference(case):
 
 
 def test_tv_q4_hf_defaults_1024x768():
-    case = next(
-        c for c in QWEN["cases"] if c["config"] == "qwen2_vl_hf_default" and "w1024_h768" in c["image"]
-    )
-    pixel_values, grid = preprocess(
-        (INPUTS / case["image"]).read_bytes(), QWEN["configs"]["qwen2_vl_hf_default"]
-    )
+    case = next(c for c in QWEN["cases"] if c["config"] == "qwen2_vl_hf_default" and "w1024_h768" in c["image"])
+    pixel_values, grid = preprocess((INPUTS / case["image"]).read_bytes(), QWEN["configs"]["qwen2_vl_hf_default"])
     assert pixel_values.shape == (3996, 1176) and grid == (1, 54, 74)
 
 

@@ -78,9 +78,7 @@ sizes = st.integers(1, 200)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    h=sizes, w=sizes, th=sizes, tw=sizes, seed=st.integers(0, 2**32 - 1), resample=st.sampled_from(RESAMPLERS)
-)
+@given(h=sizes, w=sizes, th=sizes, tw=sizes, seed=st.integers(0, 2**32 - 1), resample=st.sampled_from(RESAMPLERS))
 def test_random_sizes_match_reference(h, w, th, tw, seed, resample):
     src = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
     expected = reference_resize.resize(src, tw, th, resample)

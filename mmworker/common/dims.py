@@ -5,9 +5,7 @@ import math
 from mmworker.errors import MmError
 
 
-def scaled_dims(
-    w: int, h: int, rescale_frac: float | None = None, rescale_cap: int | None = None
-) -> tuple[int, int]:
+def scaled_dims(w: int, h: int, rescale_frac: float | None = None, rescale_cap: int | None = None) -> tuple[int, int]:
     """(w', h') after scaling the long edge by rescale_frac, capped (upscaling only) at rescale_cap.
 
     behaviour.md §6: sides round half up (floor(v * ratio + 0.5), not Python's round) and never go

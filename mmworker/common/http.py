@@ -192,9 +192,7 @@ def _status_error(url: str, curl: pycurl.Curl) -> MmError:
     return MmError(f"media fetch: GET {url}: {final_url}: status code {curl.getinfo(pycurl.RESPONSE_CODE)}")
 
 
-def _transfer_error(
-    url: str, curl: pycurl.Curl, err: pycurl.error, sink: _BodySink, timeout_ms: int
-) -> BaseException:
+def _transfer_error(url: str, curl: pycurl.Curl, err: pycurl.error, sink: _BodySink, timeout_ms: int) -> BaseException:
     code, message = err.args[0], err.args[1] if len(err.args) > 1 else str(err)
     if sink.unexpected is not None:
         return sink.unexpected

@@ -135,9 +135,7 @@ def vertical_pass(src: np.ndarray, bounds: np.ndarray, weights: np.ndarray, out:
 
 
 @njit(cache=True)
-def horizontal_pass(
-    src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray
-) -> None:
+def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
     """out[r, xo, :3] from src[row0 + r, :, :3]; src is (h, w, C >= 3), out (rows, ow, 3)."""
     rows, out_w = out.shape[0], out.shape[1]
     in_w, channels = src.shape[1], src.shape[2]

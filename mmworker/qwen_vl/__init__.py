@@ -40,9 +40,7 @@ def as_spec(spec: QwenSpec | Mapping[str, Any] | str) -> QwenSpec:
     return QwenSpec.from_mapping(spec)
 
 
-def preprocess(
-    data: bytes | memoryview, spec: QwenSpec | Mapping[str, Any] | str
-) -> tuple[np.ndarray, tuple]:
+def preprocess(data: bytes | memoryview, spec: QwenSpec | Mapping[str, Any] | str) -> tuple[np.ndarray, tuple]:
     """Decode -> smart_resize -> resize -> normalise -> patchify one image."""
     item = QwenVL(as_spec(spec)).process_item(decode_image(data))
     return item.feature, tuple(int(v) for v in item.aux["image_grid_thw"])

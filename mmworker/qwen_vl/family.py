@@ -80,9 +80,7 @@ class QwenVL:
         counts = [self.tokens(g) for g in geometries]
         return layout_by_placeholder(input_ids, self.spec.image_token_id, counts)
 
-    def positions(
-        self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]
-    ) -> MRope:
+    def positions(self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]) -> MRope:
         items = [(s, e, (g.t, g.h, g.w)) for (s, e), g in zip(offsets, geometries, strict=True)]
         positions, delta = mrope_image_only(input_len, items, self.spec.merge_size)
         return MRope(positions=positions, delta=delta)

@@ -32,9 +32,7 @@ def normalisation_lut(mean: tuple[float, ...], std: tuple[float, ...], resample:
 
 
 @njit(cache=True)
-def patchify_into(
-    pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, temporal: int, out: np.ndarray
-) -> None:
+def patchify_into(pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, temporal: int, out: np.ndarray) -> None:
     """Write pixel_values of (h, w, C >= 3) uint8 pixels into out (float32 [gh * gw, dim], C-contiguous).
 
     h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows),

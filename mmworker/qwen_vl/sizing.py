@@ -23,9 +23,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         raise MmError("empty image")
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
-        raise MmError(
-            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {_ratio_text(ratio)}"
-        )
+        raise MmError(f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got {_ratio_text(ratio)}")
     h_bar = max(factor, round(height / factor) * factor)
     w_bar = max(factor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:

@@ -276,9 +276,7 @@ def build_resize_cases() -> tuple[list[dict], list[str], dict]:
             digests[r] = sha256(out)
         c["sha256"] = digests
         if digests["pil_bicubic"] and digests["aten_u8"]:
-            stats[
-                "bicubic_eq_aten" if digests["pil_bicubic"] == digests["aten_u8"] else "bicubic_ne_aten"
-            ] += 1
+            stats["bicubic_eq_aten" if digests["pil_bicubic"] == digests["aten_u8"] else "bicubic_ne_aten"] += 1
         if digests["pil_bicubic"] == digests["pil_lanczos"]:
             stats["lanczos_eq_bicubic"] += 1
     return cases, refused, stats
@@ -376,9 +374,7 @@ def make_decode_files() -> list[tuple[str, str, bytes, str | None, str]]:
     a = alpha_plane(H, W)
     grey = np.asarray(Image.fromarray(rgb).convert("L"))
     rgba = np.dstack([rgb, a])
-    pal_im = Image.fromarray(rgb).quantize(
-        colors=64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
-    )
+    pal_im = Image.fromarray(rgb).quantize(colors=64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     rng = np.random.default_rng(42)
     files: list[tuple[str, str, bytes, str | None, str]] = []
 
@@ -462,9 +458,7 @@ def make_decode_files() -> list[tuple[str, str, bytes, str | None, str]]:
 
     # ---- GIF
     add("gif_single.gif", "GIF", pil_save(pal_im, "GIF"), desc="single frame")
-    frames = [
-        Image.fromarray(pattern(H, W, s)).quantize(colors=32, dither=Image.Dither.NONE) for s in (2, 3, 4)
-    ]
+    frames = [Image.fromarray(pattern(H, W, s)).quantize(colors=32, dither=Image.Dither.NONE) for s in (2, 3, 4)]
     add(
         "gif_anim3.gif",
         "GIF",
@@ -608,9 +602,7 @@ def write_json(path: Path, header: dict, key: str, rows: list[dict]) -> None:
     for k in sorted(header):
         val = header[k]
         if isinstance(val, dict) and val:
-            inner = ",\n".join(
-                f"  {json.dumps(sk)}: {json.dumps(val[sk], sort_keys=True)}" for sk in sorted(val)
-            )
+            inner = ",\n".join(f"  {json.dumps(sk)}: {json.dumps(val[sk], sort_keys=True)}" for sk in sorted(val))
             parts.append(f" {json.dumps(k)}: {{\n{inner}\n }}")
         else:
             parts.append(f" {json.dumps(k)}: {json.dumps(val, sort_keys=True)}")
@@ -644,9 +636,7 @@ def main() -> None:
     print(
         f"[golden] resize: {len(cases)} cases x {len(RESAMPLERS)} resamplers; "
         f"groups: "
-        + ", ".join(
-            f"{g} {sum(c['group'] == g for c in cases)}" for g in dict.fromkeys(c["group"] for c in cases)
-        )
+        + ", ".join(f"{g} {sum(c['group'] == g for c in cases)}" for g in dict.fromkeys(c["group"] for c in cases))
     )
     print(
         f"[golden] resize: Pillow-12 BICUBIC == aten_u8 on {stats['bicubic_eq_aten']} cases, "

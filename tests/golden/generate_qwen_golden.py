@@ -369,9 +369,7 @@ def main() -> None:
             p = cls(**kw)
             assert type(p) is cls, (cls, type(p))  # no silent fallback to the Pil class
             # The constructor kwargs must be what the processor uses.
-            assert p.size.shortest_edge == spec["min_pixels"] and p.size.longest_edge == spec["max_pixels"], (
-                p.size
-            )
+            assert p.size.shortest_edge == spec["min_pixels"] and p.size.longest_edge == spec["max_pixels"], p.size
             assert (p.patch_size, p.merge_size, p.temporal_patch_size) == (
                 spec["patch_size"],
                 spec["merge_size"],
@@ -447,12 +445,7 @@ def main() -> None:
                     assert hf["dtype"] == "float32", case
                     th, tw = gh * ps, gw * ps
                     # stock Pillow 12.3 Image.resize (PR #9524): `if h > w * 100 and th < h` -> vertical pass first.
-                    tall = (
-                        mode == "pil"
-                        and (th, tw) != (im["h"], im["w"])
-                        and im["h"] > 100 * im["w"]
-                        and th < im["h"]
-                    )
+                    tall = mode == "pil" and (th, tw) != (im["h"], im["w"]) and im["h"] > 100 * im["w"] and th < im["h"]
                 case["pillow_tall_vertical_first"] = tall
                 cases.append(case)
 
@@ -464,9 +457,7 @@ def main() -> None:
             assert c["hf_grid_matches_crate"], c
     # TV-Q4 (behaviour.md §12).
     tvq4 = next(
-        c
-        for c in cases
-        if c["config"] == "qwen2_vl_hf_default" and c["image"] == image_name(1024, 768, 23, "jpg")
+        c for c in cases if c["config"] == "qwen2_vl_hf_default" and c["image"] == image_name(1024, 768, 23, "jpg")
     )
     assert tvq4["hf"]["shape"] == [3996, 1176] and tvq4["hf"]["grid_thw"] == [1, 54, 74], tvq4
     # The defaults of the HF classes are exactly qwen2_vl_hf_default.
@@ -529,9 +520,7 @@ def main() -> None:
 
     inkling_cases: list[dict] = []
     npz_bits: dict[str, np.ndarray] = {}
-    for name, h, w, seed, frac, cap in [
-        (n, h, w, s, None, None) for n, h, w, s in INKLING_PLAIN
-    ] + INKLING_RESCALE:
+    for name, h, w, seed, frac, cap in [(n, h, w, s, None, None) for n, h, w, s in INKLING_PLAIN] + INKLING_RESCALE:
         fname = image_name(w, h, seed, "png")
         assert fname in wanted, fname
         data = (INPUTS / fname).read_bytes()
@@ -662,9 +651,7 @@ def main() -> None:
     write_npz(OUT / "inkling_bits.npz", npz_bits)
 
     # ---------------------------------------------------------------- summary
-    print(
-        f"[qwen-golden] {len(images)} input files, {len(cases)} qwen cases, {len(inkling_cases)} inkling cases"
-    )
+    print(f"[qwen-golden] {len(images)} input files, {len(cases)} qwen cases, {len(inkling_cases)} inkling cases")
     print(
         f"[qwen-golden] {'mode':8} {'format':6} {'cases':>5} {'equal':>6} {'values_differ':>13} "
         f"{'grid_differs':>12} {'one_error':>9} {'both_error':>10}"
@@ -688,11 +675,7 @@ def main() -> None:
             f"crate {c['crate_formula'].get('grid_thw', c['crate_formula'].get('error'))}"
         )
     errs = sorted(
-        {
-            (c["hf"]["error_type"], c["hf"]["error"], c["rust"].get("error"))
-            for c in cases
-            if "error" in c["hf"]
-        }
+        {(c["hf"]["error_type"], c["hf"]["error"], c["rust"].get("error")) for c in cases if "error" in c["hf"]}
     )
     for e in errs:
         print(f"[qwen-golden] HF error: {e[0]}: {e[1]}  | rust: {e[2]}")
@@ -725,9 +708,7 @@ def write_json(path: Path, header: dict, key: str, rows: list[dict]) -> None:
     for k in sorted(header):
         val = header[k]
         if isinstance(val, dict) and val:
-            inner = ",\n".join(
-                f"  {json.dumps(sk)}: {json.dumps(val[sk], sort_keys=True)}" for sk in sorted(val)
-            )
+            inner = ",\n".join(f"  {json.dumps(sk)}: {json.dumps(val[sk], sort_keys=True)}" for sk in sorted(val))
             parts.append(f" {json.dumps(k)}: {{\n{inner}\n }}")
         elif isinstance(val, list) and val and isinstance(val[0], (dict, list)):
             inner = ",\n".join(f"  {json.dumps(x, sort_keys=True)}" for x in val)
