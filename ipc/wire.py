@@ -13,7 +13,7 @@ bounds, by `ipc.ring.RingReader.view` before any view exists.
 Message flow (C = client, W = worker):
     W -> C  Hello      after start-up: which ring it writes, its pid
     C -> W  Job        one unit of work + `frames` payload frames
-    W -> C  Done       result tensors (descriptors into W's ring) and small metadata
+    W -> C  Done       result tensors (descriptors into W's ring), small metadata, optional frames
     W -> C  Failed     the job's one-line reason
     C -> W  Release    allocations the client no longer uses (W may reuse their space)
     C -> W  Cancel     drop a job if it has not started (a started job still answers)
@@ -51,6 +51,7 @@ class Hello(msgspec.Struct, frozen=True, tag="hello"):
     ring: int
     ring_name: str
     ring_size: int
+    ready_ms: float = 0.0  # time from process start to this message
 
 
 class Job(msgspec.Struct, frozen=True, tag="job"):
@@ -65,6 +66,7 @@ class Done(msgspec.Struct, frozen=True, tag="done"):
     tensors: dict[str, TensorDesc]
     meta: dict[str, Value] = {}
     busy_ms: float = 0.0
+    frames: int = 0
 
 
 class Failed(msgspec.Struct, frozen=True, tag="failed"):
@@ -123,7 +125,7 @@ def decode(frames: list) -> tuple[Message, list]:
         raise WireError(f"wire version {envelope.version}, expected {WIRE_VERSION}")
     message = envelope.body
     payload = frames[1:]
-    expected = message.frames if isinstance(message, Job) else 0
+    expected = message.frames if isinstance(message, (Job, Done)) else 0
     if len(payload) != expected or expected > MAX_FRAMES:
         raise WireError(f"{type(message).__name__} announces {expected} payload frame(s), got {len(payload)}")
     return message, payload

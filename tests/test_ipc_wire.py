@@ -49,7 +49,7 @@ def test_payload_frame_count_is_checked():
     with pytest.raises(WireError, match=r"Job announces 2 payload frame\(s\), got 1"):
         decode([encode(Job(1, 2, 0)), b"only one"])
     with pytest.raises(WireError, match=r"Done announces 0 payload frame\(s\), got 1"):
-        decode([encode(SAMPLES[2]), b"extra"])
+        decode([encode(SAMPLES[2]), b"extra"])  # Done announces none
 
 
 def test_version_and_size_are_checked():

@@ -87,44 +87,71 @@ def http_get(url: str, budget: ByteBudget, timeout_s: float) -> bytes:
     budget exhausted → "media fetch: {url}: exceeds the request media byte budget";
     anything else → "media fetch: GET {url}: {curl message} (curl error {code})".
     """
-    if not timeout_s >= 0:  # also rejects NaN
-        raise MmError(f"media fetch: timeout must be a non-negative number of seconds, got {timeout_s}")
-    sink = _BodySink(budget)
-    curl = pycurl.Curl()
+    transfer = Transfer(url, budget, timeout_s)
     try:
-        _apply_policy(curl)
-        curl.setopt(pycurl.URL, url)
-        curl.setopt(pycurl.NOSIGNAL, 1)  # no SIGALRM-based DNS timeouts: unsafe in threaded hosts
-        timeout_ms = min(max(round(timeout_s * 1000), _MIN_TIMEOUT_MS), _MAX_TIMEOUT_MS)
-        curl.setopt(pycurl.TIMEOUT_MS, timeout_ms)
-        # An explicit PROXY (even "") and an empty NOPROXY stop libcurl from consulting the environment
-        # itself, so `proxy_for` is the only rule in force.
-        curl.setopt(pycurl.PROXY, proxy_for(url))
-        curl.setopt(pycurl.NOPROXY, "")
-        curl.setopt(pycurl.ACCEPT_ENCODING, "gzip")
-        curl.setopt(pycurl.USERAGENT, "mmworker")
-        # Status >= 400 fails before any body byte reaches the sink, so error pages cost no budget.
-        curl.setopt(pycurl.FAILONERROR, 1)
-        # A declared Content-Length above the cap is refused before the body is read (libcurl >= 8.4
-        # also applies it to the bytes received; the sink's own check covers older libcurl).
-        curl.setopt(pycurl.MAXFILESIZE_LARGE, MAX_FETCH_BYTES)
-        curl.setopt(pycurl.BUFFERSIZE, CHUNK_BYTES)  # fewer, larger Python callbacks than the 16 KiB default
-        curl.setopt(pycurl.WRITEFUNCTION, sink.write)
+        transfer.curl.perform()
+    except pycurl.error as err:
+        return transfer.finish(err)
+    except BaseException:
+        transfer.abandon()
+        raise
+    return transfer.finish(None)
+
+
+class Transfer:
+    """One configured GET: a Curl handle and its body sink, run by `http_get` or by a CurlMulti.
+
+    The owner runs `curl` (perform, or add it to a multi handle) and then calls `finish` exactly
+    once (or `abandon`), which closes the handle and turns the outcome into bytes or an MmError.
+    """
+
+    def __init__(self, url: str, budget: ByteBudget, timeout_s: float) -> None:
+        if not timeout_s >= 0:  # also rejects NaN
+            raise MmError(f"media fetch: timeout must be a non-negative number of seconds, got {timeout_s}")
+        self.url = url
+        self.sink = _BodySink(budget)
+        self.timeout_ms = min(max(round(timeout_s * 1000), _MIN_TIMEOUT_MS), _MAX_TIMEOUT_MS)
+        curl = pycurl.Curl()
         try:
-            curl.perform()
-        except pycurl.error as err:
-            sink.discard()
-            raise _transfer_error(url, curl, err, sink, timeout_ms) from err
+            _apply_policy(curl)
+            curl.setopt(pycurl.URL, url)
+            curl.setopt(pycurl.NOSIGNAL, 1)  # no SIGALRM-based DNS timeouts: unsafe in threaded hosts
+            curl.setopt(pycurl.TIMEOUT_MS, self.timeout_ms)
+            # An explicit PROXY (even "") and an empty NOPROXY stop libcurl from consulting the environment
+            # itself, so `proxy_for` is the only rule in force.
+            curl.setopt(pycurl.PROXY, proxy_for(url))
+            curl.setopt(pycurl.NOPROXY, "")
+            curl.setopt(pycurl.ACCEPT_ENCODING, "gzip")
+            curl.setopt(pycurl.USERAGENT, "mmworker")
+            # Status >= 400 fails before any body byte reaches the sink, so error pages cost no budget.
+            curl.setopt(pycurl.FAILONERROR, 1)
+            # A declared Content-Length above the cap is refused before the body is read (libcurl >= 8.4
+            # also applies it to the bytes received; the sink's own check covers older libcurl).
+            curl.setopt(pycurl.MAXFILESIZE_LARGE, MAX_FETCH_BYTES)
+            curl.setopt(pycurl.BUFFERSIZE, CHUNK_BYTES)  # fewer, larger Python callbacks than the 16 KiB default
+            curl.setopt(pycurl.WRITEFUNCTION, self.sink.write)
         except BaseException:
-            sink.discard()
+            curl.close()
             raise
-        status = curl.getinfo(pycurl.RESPONSE_CODE)
-        if status >= 400:  # FAILONERROR covers this; kept so the rule does not hinge on a libcurl option
-            sink.discard()
-            raise _status_error(url, curl)
-        return sink.take()
-    finally:
-        curl.close()
+        self.curl = curl
+
+    def finish(self, err: pycurl.error | None) -> bytes:
+        """The body, or the MmError for `err` (the transfer's libcurl error, None on success)."""
+        try:
+            if err is not None:
+                self.sink.discard()
+                raise _transfer_error(self.url, self.curl, err, self.sink, self.timeout_ms) from err
+            if self.curl.getinfo(pycurl.RESPONSE_CODE) >= 400:  # FAILONERROR covers this; kept so the rule
+                self.sink.discard()  # does not hinge on a libcurl option
+                raise _status_error(self.url, self.curl)
+            return self.sink.take()
+        finally:
+            self.curl.close()
+
+    def abandon(self) -> None:
+        """Drop the transfer unfinished: its claims go back, its handle is closed."""
+        self.sink.discard()
+        self.curl.close()
 
 
 def _apply_policy(curl: pycurl.Curl) -> None:

@@ -1,0 +1,604 @@
+"""WorkerPool: the client embedded in the scheduler process; owns the workers, the I/O process and their rings.
+
+    caller --submit--> [queue] --(URLs / files)--> I/O process --bytes--> [queue]
+                         |                                                  |
+                         '------------- dispatch to an idle worker <--------'
+                                               |
+                      worker k (pinned, ring k) -- Done(descriptors) --> Reply(views into ring k)
+    caller <--poll-- replies in submission order (or completion order), one per request
+
+The pool does nothing on its own thread (it has none): every step happens inside `poll()` (and
+`process()`/`aprocess()`, which call it): receive messages, notice dead workers (process handles)
+and overdue requests (deadlines), restart workers, dispatch queued requests to idle workers, hand
+out finished replies. A caller should call `poll()` at least every ~100 ms while requests are in
+flight; `fileno()` becomes readable when a message arrives.
+
+Exactly one reply per request, whatever happens: rejected at submit ("queue full", budgets), by a
+worker (its MmError), by the I/O process (fetch errors), "worker crashed", "deadline exceeded",
+"aborted" (cancel) or "pool closed". A worker that crashed or overran is replaced on the same
+core with a fresh ring; replies still holding views into the old ring keep it mapped until released.
+
+Ownership: every OS resource (processes, sockets, segments, the runtime directory) belongs to one
+`_Resources` object, closed by `close()`, by garbage collection or at interpreter exit.
+"""
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipc.channels import Router, RuntimeDir, new_context
+from ipc.errors import ChannelClosed, IpcError
+from ipc.ring import RingReader
+from ipc.segment import Segment, new_name, sweep_stale
+from ipc.wire import Done, Failed, Hello, Job, Release
+from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
+from mmworker.common.inline import decoded_size_estimate
+from mmworker.errors import MmError
+from mmworker.pool.config import PoolConfig
+from mmworker.pool.protocol import IO_IDENTITY, KIND_BYTES, KIND_STRING, needs_io
+from mmworker.pool.reply import Reply, ReplyItem
+from mmworker.registry import named_spec, pipeline_from_spec
+from mmworker.runtime import tuned_environ
+
+log = logging.getLogger("mmworker.pool")
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_STOP_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of the pool's counters."""
+
+    workers: int
+    workers_ready: int
+    restarts: int
+    submitted: int
+    accepted: int
+    rejected: int
+    in_flight: int
+    queued: int
+    cold_start_ms: tuple[float, ...]
+
+
+class _Slot:
+    """One worker position (a core); its process and ring change when it is restarted."""
+
+    def __init__(self, index: int, core: int | None) -> None:
+        self.index, self.core = index, core
+        self.incarnation = 0
+        self.proc: subprocess.Popen | None = None
+        self.segment: Segment | None = None
+        self.reader: RingReader | None = None
+        self.identity = b""
+        self.ready = False
+        self.rid: int | None = None
+        self.started = 0.0
+
+
+class _Request:
+    __slots__ = ("cancelled", "deadline", "frames", "ids", "kinds", "mm_hashes", "request_id", "rid", "slot",
+                 "sources", "state", "submitted")  # fmt: skip
+
+    def __init__(self, rid: int, request_id: Any, submitted: float) -> None:
+        self.rid, self.request_id, self.submitted = rid, request_id, submitted
+        self.state = "new"
+        self.cancelled = False
+        self.ids = b""
+        self.kinds = ""
+        self.sources: list = []
+        self.frames: list = []
+        self.mm_hashes = None
+        self.slot: _Slot | None = None
+        self.deadline = 0.0
+
+
+class _Resources:
+    """The OS resources of one pool, closable from a finalizer (it holds no reference to the pool)."""
+
+    def __init__(self) -> None:
+        self.rundir: RuntimeDir | None = None
+        self.context = None
+        self.router: Router | None = None
+        self.processes: list[subprocess.Popen] = []
+        self.segments: list[Segment] = []
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for proc in self.processes:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.router is not None:
+            self.router.close()
+        if self.context is not None:
+            self.context.term()
+        for segment in self.segments:
+            if segment._linked:
+                segment.unlink()
+            segment.close()
+        if self.rundir is not None:
+            self.rundir.close()
+
+
+class WorkerPool:
+    """Preprocess requests on pinned worker processes; see the module docstring.
+
+    `spec`: a bundled name ("qwen2_vl", ...), a mapping or a JSON string (SGLang's qwen_vl spec).
+    `config`: a PoolConfig, a mapping or a TOML path (mmworker.pool.config).
+    """
+
+    def __init__(self, spec: Mapping[str, Any] | str, config: PoolConfig | Mapping[str, Any] | str | None = None):
+        if isinstance(spec, str) and not spec.lstrip().startswith("{"):
+            spec = named_spec(spec)
+        elif isinstance(spec, str):
+            spec = json.loads(spec)
+        self.family = pipeline_from_spec(spec)  # a bad spec fails here, before any process starts
+        self._spec = dict(spec)
+        self.config = PoolConfig.from_any(config)
+        self.plan = self.config.plan()
+        self._res = _Resources()
+        self._finalizer = weakref.finalize(self, self._res.close)
+        self._rids = itertools.count(1)
+        self._auto_ids = itertools.count(1)
+        self._requests: dict[int, _Request] = {}
+        self._by_request_id: dict[Any, int] = {}
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._order: collections.deque[int] = collections.deque()
+        self._finished: dict[int, Reply] = {}
+        self._stats = dict(submitted=0, accepted=0, rejected=0, restarts=0)
+        self._cold_start: list[float] = []
+        self._io_ready = False
+        self._io_proc: subprocess.Popen | None = None
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- start-up ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        removed = sweep_stale()
+        if removed:
+            log.warning("removed %d shared-memory segment(s) left by dead pools", len(removed))
+        res = self._res
+        res.rundir = RuntimeDir()
+        res.context = new_context()
+        res.router = Router(res.context, res.rundir.endpoint("work"))
+        self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
+        self._start_io()
+        for slot in self._slots:
+            self._start_worker(slot)
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while not (self._io_ready and all(s.ready for s in self._slots)):
+            for slot in self._slots:
+                if slot.proc.poll() is not None:
+                    raise MmError(f"pool start-up: worker {slot.index} exited with code {slot.proc.returncode}")
+            if self._io_proc.poll() is not None:
+                raise MmError(f"pool start-up: the I/O process exited with code {self._io_proc.returncode}")
+            if time.monotonic() > deadline:
+                raise MmError(f"pool start-up: workers not ready within {self.config.start_timeout_s} s")
+            res.router.poll(50)
+            self._receive()
+
+    def _spawn(self, module: str, args: dict, cores: Sequence[int] | None) -> subprocess.Popen:
+        env = tuned_environ()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], env=env, close_fds=True)
+        self._res.processes.append(proc)
+        return proc
+
+    def _start_io(self) -> None:
+        args = {"endpoint": self._res.router.endpoint, "parent": os.getpid(), "cores": list(self.plan.io),
+                "concurrency": self.config.io_concurrency}  # fmt: skip
+        self._io_ready = False
+        self._io_proc = self._spawn("mmworker.pool.iostage", args, self.plan.io)
+
+    def _start_worker(self, slot: _Slot) -> None:
+        slot.incarnation += 1
+        slot.ready, slot.reader, slot.rid = False, None, None
+        slot.identity = f"w{slot.index}.{slot.incarnation}".encode()
+        slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
+        self._res.segments.append(slot.segment)
+        args = {"endpoint": self._res.router.endpoint, "worker": slot.index, "incarnation": slot.incarnation,
+                "ring": slot.segment.name, "core": slot.core, "spec": self._spec, "parent": os.getpid()}  # fmt: skip
+        slot.started = time.monotonic()
+        slot.proc = self._spawn("mmworker.pool.worker", args, [slot.core] if slot.core is not None else None)
+
+    # --- the public face ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        images: Sequence[str | bytes | bytearray | memoryview],
+        *,
+        request_id: Any = None,
+        mm_hashes: Sequence[str] | None = None,
+    ) -> Any:
+        """Queue one request and return its id; never blocks. Every request gets exactly one Reply."""
+        if self._res.closed:
+            raise MmError("pool closed: submit after close()")
+        if request_id is None:
+            request_id = next(self._auto_ids)
+        if request_id in self._by_request_id:
+            raise MmError(f"request id {request_id!r} is already in flight")
+        req = _Request(next(self._rids), request_id, time.monotonic())
+        self._requests[req.rid] = req
+        self._by_request_id[request_id] = req.rid
+        self._order.append(req.rid)
+        self._stats["submitted"] += 1
+        in_flight = len(self._requests) - 1
+        if in_flight >= self.config.queue_depth:
+            self._reject(req, f"queue full: {in_flight} requests in flight (queue_depth {self.config.queue_depth})")
+            return request_id
+        error = self._prepare(req, input_ids, images, mm_hashes)
+        if error is not None:
+            self._reject(req, error)
+            return request_id
+        io_indices = [i for i, s in enumerate(req.sources) if needs_io(s)]
+        if io_indices:
+            raw = sum(len(s) if isinstance(s, (bytes, bytearray, memoryview)) else 0 for s in req.sources)
+            args = {"sources": [req.sources[i] for i in io_indices], "indices": io_indices,
+                    "budget": MAX_REQUEST_BYTES - raw}  # fmt: skip
+            req.state = "io"
+            try:
+                self._res.router.send(IO_IDENTITY, Job(req.rid, 0, 0, args))
+            except ChannelClosed:
+                self._reject(req, "I/O process unavailable")
+        else:
+            req.state = "queued"
+            self._queue.append(req)
+            self._dispatch()
+        return request_id
+
+    def _prepare(self, req: _Request, input_ids, images, mm_hashes) -> str | None:
+        """Convert and check what is cheap to check here; the worker checks everything else."""
+        try:
+            ids = np.ascontiguousarray(np.asarray(input_ids, dtype=np.int64).reshape(-1))
+        except (TypeError, ValueError, OverflowError) as exc:
+            return f"input_ids must be integers: {exc}"
+        if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
+            return "images must be a list of sources"
+        if len(images) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
+            return f"multimodal request exceeds {MAX_ITEMS_PER_REQUEST} media items"
+        total = 0
+        for i, source in enumerate(images):
+            if isinstance(source, str):
+                total += 0 if needs_io(source) else decoded_size_estimate(source)
+            elif isinstance(source, (bytes, bytearray, memoryview)):
+                total += memoryview(source).nbytes
+            else:
+                return f"image {i}: source must be a string or bytes, got {type(source).__name__}"
+        if total > MAX_REQUEST_BYTES:
+            return f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes"
+        req.ids = ids
+        req.sources = list(images)
+        req.mm_hashes = list(mm_hashes) if mm_hashes is not None else None
+        return None
+
+    def poll(self, timeout: float = 0) -> list[Reply]:
+        """Finished replies (submission order unless `ordered=False`), waiting up to `timeout` seconds for one."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            self._pump()
+            ready = self._collect()
+            remaining = deadline - time.monotonic()
+            if ready or remaining <= 0 or self._res.closed:
+                return ready
+            self._res.router.poll(int(min(remaining, 0.05) * 1000) + 1)
+
+    def process(
+        self, input_ids, images, *, request_id: Any = None, mm_hashes=None, timeout: float | None = None
+    ) -> Reply:
+        """Submit and wait for this request's reply (other requests' replies stay for `poll`)."""
+        rid = self._by_request_id.get(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while rid not in self._finished:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no reply within {timeout} s")
+            self._pump()
+            if rid not in self._finished:
+                self._res.router.poll(50)
+        return self._take(rid)
+
+    async def aprocess(self, input_ids, images, *, request_id: Any = None, mm_hashes=None) -> Reply:
+        """`process` for asyncio: waits on the pool's fd instead of blocking the loop."""
+        loop = asyncio.get_running_loop()
+        rid = self._by_request_id.get(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
+        wake = asyncio.Event()
+        fd = self.fileno()
+        loop.add_reader(fd, wake.set)
+        try:
+            while True:
+                self._pump()
+                if rid in self._finished:
+                    return self._take(rid)
+                wake.clear()
+                # The fd is edge-triggered; the timeout keeps liveness and deadline checks going.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), 0.05)
+        finally:
+            loop.remove_reader(fd)
+
+    def cancel(self, request_id: Any) -> bool:
+        """Reject a pending request with "aborted" and free what it held; False if unknown or delivered."""
+        rid = self._by_request_id.get(request_id)
+        if rid is None:
+            return False
+        req = self._requests.get(rid)
+        if req is None:  # finished, not yet delivered
+            reply = self._finished[rid]
+            reply.release()
+            self._finished[rid] = Reply(reply.request_id, False, "aborted", latency_ms=reply.latency_ms)
+            return True
+        if req.state == "queued":
+            self._queue.remove(req)
+        req.cancelled = True  # a running or fetching request's result is dropped (and freed) on arrival
+        self._reject(req, "aborted", keep_tracking=req.state in ("running", "io"))
+        return True
+
+    def fileno(self) -> int:
+        """An fd that becomes readable when a message arrives (edge-triggered: then call poll())."""
+        return self._res.router.fileno()
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            workers=len(self._slots), workers_ready=sum(s.ready for s in self._slots),
+            restarts=self._stats["restarts"], submitted=self._stats["submitted"], accepted=self._stats["accepted"],
+            rejected=self._stats["rejected"], in_flight=len(self._requests), queued=len(self._queue),
+            cold_start_ms=tuple(self._cold_start),
+        )  # fmt: skip
+
+    def worker_pids(self) -> list[int]:
+        return [s.proc.pid for s in self._slots if s.proc is not None]
+
+    def io_pid(self) -> int:
+        return self._io_proc.pid
+
+    def close(self) -> None:
+        """Reject everything pending ("pool closed"), stop every process, remove every resource."""
+        if self._res.closed:
+            return
+        for req in list(self._requests.values()):
+            if not req.cancelled:
+                self._reject(req, "pool closed")
+        self._requests.clear()
+        self._finalizer()  # terminates the processes; nothing they hold is needed any more
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the engine (runs inside poll) ---------------------------------------------------------------
+
+    def _pump(self) -> None:
+        if self._res.closed:
+            return
+        self._receive()
+        self._check_processes()
+        self._dispatch()
+
+    def _receive(self) -> None:
+        router = self._res.router
+        while (got := router.recv()) is not None:
+            peer, message, payload = got
+            if peer == IO_IDENTITY:
+                self._on_io(message, payload)
+                continue
+            slot = next((s for s in self._slots if s.identity == peer), None)
+            if slot is None:
+                log.warning("message from unknown or replaced peer %r dropped", peer)
+                continue
+            if isinstance(message, Hello):
+                self._on_hello(slot, message)
+            elif isinstance(message, (Done, Failed)):
+                self._on_result(slot, message)
+
+    def _on_hello(self, slot: _Slot, hello: Hello) -> None:
+        slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)
+        slot.segment.unlink()  # both sides have mapped it: from now on it cannot leak
+        slot.ready = True
+        self._cold_start.append((time.monotonic() - slot.started) * 1e3)
+        self._res.router.mark_idle(slot.identity)
+
+    def _on_result(self, slot: _Slot, message: Done | Failed) -> None:
+        req = self._requests.get(message.rid)
+        slot.rid = None
+        self._res.router.mark_idle(slot.identity)
+        if req is None or req.cancelled:  # aborted meanwhile: free and drop
+            if isinstance(message, Done):
+                self._release(slot, list(message.tensors.values()))
+            if req is not None:
+                self._forget(req)
+            return
+        if isinstance(message, Failed):
+            self._reject(req, message.error)
+            return
+        try:
+            reply = self._accept(req, slot, message)
+        except (IpcError, KeyError, TypeError, ValueError) as exc:  # a descriptor that does not check out
+            self._release(slot, list(message.tensors.values()))
+            self._reject(req, f"internal error: bad result from worker {slot.index}: {exc}")
+            return
+        self._finish(req, reply)
+        self._stats["accepted"] += 1
+
+    def _accept(self, req: _Request, slot: _Slot, done: Done) -> Reply:
+        reader, meta = slot.reader, done.meta
+
+        def view(name: str) -> np.ndarray:
+            d = done.tensors[name]
+            return reader.view(d.offset, d.nbytes, d.dtype, d.shape)
+
+        n_items = len(meta["offsets"])
+        hashes = _override_hashes([int(h) for h in meta["hashes"]], req.mm_hashes, req.request_id)
+        items = []
+        for i in range(n_items):
+            aux = {k.split(".", 2)[2]: np.asarray(v, np.int64) for k, v in meta.items() if k.startswith(f"aux.{i}.")}
+            items.append(ReplyItem(feature=view(f"feature.{i}"), aux=aux, hash=hashes[i]))
+        descs = list(done.tensors.values())
+        incarnation = slot.incarnation
+
+        def release() -> None:
+            if not self._res.closed and slot.incarnation == incarnation and slot.ready:
+                self._release(slot, descs)
+
+        return Reply(
+            request_id=req.request_id, ok=True, input_ids=view("input_ids"),
+            offsets=[(int(s), int(e)) for s, e in meta["offsets"]], items=items,
+            positions=view("positions") if "positions" in done.tensors else None,
+            delta=meta.get("delta"), busy_ms=done.busy_ms, _release=release,
+        )  # fmt: skip
+
+    def _on_io(self, message, payload) -> None:
+        if isinstance(message, Hello):
+            self._io_ready = True
+            return
+        req = self._requests.get(getattr(message, "rid", -1))
+        if req is None or req.cancelled:
+            if req is not None:
+                self._forget(req)
+            return
+        if isinstance(message, Failed):
+            self._reject(req, message.error)
+            return
+        fetched = iter(payload)
+        req.sources = [next(fetched) if needs_io(s) else s for s in req.sources]
+        req.state = "queued"
+        self._queue.append(req)
+
+    def _check_processes(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            req = self._requests.get(slot.rid) if slot.rid is not None else None
+            if slot.proc.poll() is not None:
+                why = f"worker crashed (worker {slot.index}, exit code {slot.proc.returncode})"
+                self._restart(slot, req, why)
+            elif req is not None and now > req.deadline:
+                slot.proc.kill()  # it may be hung or stopped: its ring and its job are abandoned
+                slot.proc.wait()
+                self._restart(slot, req, f"deadline exceeded ({self.config.deadline_s:g} s, worker {slot.index})")
+        if self._io_proc.poll() is not None:
+            code = self._io_proc.returncode
+            for req in [r for r in self._requests.values() if r.state == "io"]:
+                self._reject(req, f"I/O process crashed (exit code {code})")
+            self._stats["restarts"] += 1
+            self._start_io()
+
+    def _restart(self, slot: _Slot, req: _Request | None, why: str) -> None:
+        self._res.router.forget(slot.identity)
+        if req is not None and not req.cancelled:
+            self._reject(req, why)
+        elif req is not None:
+            self._forget(req)
+        if slot.reader is None and slot.segment is not None:
+            slot.segment.unlink()  # it died before mapping its ring
+        slot.reader = None  # replies still viewing the old ring keep its mapping alive
+        self._stats["restarts"] += 1
+        self._start_worker(slot)
+
+    def _dispatch(self) -> None:
+        router = self._res.router
+        while self._queue and router.idle:
+            req = self._queue[0]
+            frames = (req.ids, *[s.encode() if isinstance(s, str) else s for s in req.sources])
+            kinds = "".join(KIND_STRING if isinstance(s, str) else KIND_BYTES for s in req.sources)
+            job = Job(req.rid, len(frames), int(self.config.deadline_s * 1000), {"kinds": kinds})
+            peer = router.dispatch(job, frames)
+            if peer is None:
+                return
+            self._queue.popleft()
+            slot = next(s for s in self._slots if s.identity == peer)
+            slot.rid = req.rid
+            req.state, req.slot = "running", slot
+            req.deadline = time.monotonic() + self.config.deadline_s
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def _send(self, slot: _Slot, message) -> None:
+        with contextlib.suppress(ChannelClosed):  # it is gone; its process handle tells the rest
+            self._res.router.send(slot.identity, message)
+
+    def _release(self, slot: _Slot, descs) -> None:
+        self._send(slot, Release(slot.index, [(d.offset, d.seq) for d in descs]))
+
+    def _reject(self, req: _Request, error: str, *, keep_tracking: bool = False) -> None:
+        self._stats["rejected"] += 1
+        latency = (time.monotonic() - req.submitted) * 1e3
+        self._finished[req.rid] = Reply(req.request_id, False, error, latency_ms=latency)
+        if not keep_tracking:
+            self._forget(req)
+        else:
+            req.cancelled = True
+
+    def _finish(self, req: _Request, reply: Reply) -> None:
+        reply.latency_ms = (time.monotonic() - req.submitted) * 1e3
+        self._finished[req.rid] = reply
+        self._forget(req)
+
+    def _forget(self, req: _Request) -> None:
+        self._requests.pop(req.rid, None)
+
+    def _collect(self) -> list[Reply]:
+        out = []
+        if self.config.ordered:
+            while self._order and self._order[0] in self._finished:
+                out.append(self._pop(self._order.popleft()))
+        else:
+            for rid in [r for r in self._order if r in self._finished]:
+                self._order.remove(rid)
+                out.append(self._pop(rid))
+        return out
+
+    def _take(self, rid: int) -> Reply:
+        self._order.remove(rid)
+        return self._pop(rid)
+
+    def _pop(self, rid: int) -> Reply:
+        reply = self._finished.pop(rid)
+        self._by_request_id.pop(reply.request_id, None)
+        return reply
+
+
+def _override_hashes(hashes: list[int], overrides: list[str] | None, request_id: Any) -> list[int]:
+    """SGLang's `mm_hashes` rule: one hex string per item (any width, optional 0x, low 64 bits kept);
+    a malformed entry keeps the computed hash; a count mismatch ignores them all; never a rejection."""
+    if overrides is None:
+        return hashes
+    if len(overrides) != len(hashes):
+        log.warning("request %r: %d mm_hashes for %d images; ignoring them", request_id, len(overrides), len(hashes))
+        return hashes
+    out = []
+    for computed, text in zip(hashes, overrides, strict=True):
+        try:
+            out.append(int(str(text).removeprefix("0x").removeprefix("0X"), 16) & 0xFFFF_FFFF_FFFF_FFFF)
+        except ValueError:
+            out.append(computed)
+    return out

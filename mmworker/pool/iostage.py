@@ -1,0 +1,189 @@
+"""The I/O process: resolves a request's URLs and file paths before it reaches a CPU worker.
+
+Started by the pool as `python -m mmworker.pool.iostage '<json>'` with {"endpoint", "parent",
+"cores", "concurrency"}. One thread, libcurl's multi interface: every transfer of every request
+runs at once up to a global cap (default 32), so a request's images download concurrently and a
+slow host or a hung mount never occupies a CPU worker.
+
+    C -> IO  Job(rid, args={"sources": [...], "budget": bytes allowed for these sources})
+    IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason)
+
+Each request's sources share one ByteBudget (what the client could not already charge to raw
+bytes), each stream has the 64 MiB cap, REQUEST_TIMEOUT bounds each transfer (all inside
+mmworker.common.http / fetch). If several sources fail, the lowest index is reported, as the
+inline driver would.
+"""
+
+import collections
+import json
+import logging
+import os
+import sys
+
+import pycurl
+import zmq
+
+from ipc.channels import Dealer, new_context
+from ipc.lifeline import die_with_parent
+from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Stop
+from mmworker.common.budget import ByteBudget
+from mmworker.common.fetch import fetch_bytes
+from mmworker.common.http import Transfer, timeout_from_env
+from mmworker.errors import MmError
+from mmworker.pool.protocol import IO_IDENTITY
+
+log = logging.getLogger("mmworker.io")
+
+
+class _Request:
+    __slots__ = ("budget", "errors", "indices", "pending", "results", "rid")
+
+    def __init__(self, rid: int, indices: list[int], budget: int) -> None:
+        n = len(indices)
+        self.rid = rid
+        self.indices = indices  # each source's index among the request's images, for messages
+        self.budget = ByteBudget(budget)
+        self.results: list[bytes | None] = [None] * n
+        self.errors: dict[int, str] = {}
+        self.pending = n
+
+
+class IoStage:
+    def __init__(self, args: dict) -> None:
+        self.context = new_context()
+        self.channel = Dealer(self.context, args["endpoint"], IO_IDENTITY)
+        self.concurrency = int(args.get("concurrency", 32))
+        self.multi = pycurl.CurlMulti()
+        self.active: dict[pycurl.Curl, tuple[_Request, int, Transfer]] = {}
+        self.waiting: collections.deque[tuple[_Request, int, str]] = collections.deque()
+        self.timeout_s = timeout_from_env()
+        self.stopping = False
+        self.channel.send(Hello(WIRE_VERSION, -1, os.getpid(), -1, "", 0))
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.channel.sock, zmq.POLLIN)
+        registered: set[int] = set()
+        while not (self.stopping and not self.active and not self.waiting):
+            for fd in registered:
+                poller.unregister(fd)
+            reads, writes, errors = self.multi.fdset()
+            registered = set(reads) | set(writes) | set(errors)
+            for fd in registered:
+                flags = (zmq.POLLIN if fd in reads else 0) | (zmq.POLLOUT if fd in writes else 0)
+                poller.register(fd, flags or zmq.POLLERR)
+            wait = self.multi.timeout()
+            if wait < 0:
+                wait = 100 if self.active else -1
+            events = dict(poller.poll(wait))
+            if self.channel.sock in events:
+                while (got := self.channel.recv(0)) is not None:
+                    self._on_message(got[0])
+            self._drive()
+
+    def _on_message(self, message) -> None:
+        if isinstance(message, Stop):
+            self.stopping = True
+        elif isinstance(message, Job):
+            sources = message.args.get("sources") or []
+            indices = message.args.get("indices") or []
+            budget = message.args.get("budget", 0)
+            if (
+                not isinstance(sources, list)
+                or not all(isinstance(s, str) for s in sources)
+                or not isinstance(indices, list)
+                or len(indices) != len(sources)
+                or not all(isinstance(i, int) for i in indices)
+                or not isinstance(budget, int)
+            ):
+                self.channel.send(Failed(message.rid, "malformed I/O job"))
+                return
+            request = _Request(message.rid, indices, budget)
+            for index, source in enumerate(sources):
+                if source.startswith(("http://", "https://")):
+                    self.waiting.append((request, index, source))
+                else:
+                    self._resolve_now(request, index, source)
+            self._finish_if_done(request)
+
+    def _resolve_now(self, request: _Request, index: int, source: str) -> None:
+        # Local files: a blocking read here, never on a CPU worker (bounded by the budget and the cap).
+        try:
+            request.results[index] = fetch_bytes(source, request.budget)
+        except MmError as exc:
+            request.errors[index] = str(exc)
+        request.pending -= 1
+
+    def _drive(self) -> None:
+        while self.waiting and len(self.active) < self.concurrency:
+            request, index, url = self.waiting.popleft()
+            if request.errors:  # it has failed already: do not start more of its transfers
+                request.pending -= 1
+                self._finish_if_done(request)
+                continue
+            try:
+                transfer = Transfer(url, request.budget, self.timeout_s)
+            except MmError as exc:
+                request.errors[index] = str(exc)
+                request.pending -= 1
+                self._finish_if_done(request)
+                continue
+            self.active[transfer.curl] = (request, index, transfer)
+            self.multi.add_handle(transfer.curl)
+        while True:
+            status, _ = self.multi.perform()
+            if status != pycurl.E_CALL_MULTI_PERFORM:
+                break
+        while True:
+            queued, ok, failed = self.multi.info_read()
+            for curl in ok:
+                self._complete(curl, None)
+            for curl, code, message in failed:
+                self._complete(curl, pycurl.error(code, message))
+            if not queued:
+                break
+
+    def _complete(self, curl: pycurl.Curl, err: pycurl.error | None) -> None:
+        request, index, transfer = self.active.pop(curl)
+        self.multi.remove_handle(curl)
+        try:
+            request.results[index] = transfer.finish(err)
+        except MmError as exc:
+            request.errors[index] = str(exc)
+        request.pending -= 1
+        self._finish_if_done(request)
+
+    def _finish_if_done(self, request: _Request) -> None:
+        if request.pending:
+            return
+        if request.errors:
+            index = min(request.errors)
+            self.channel.send(Failed(request.rid, f"image {request.indices[index]}: {request.errors[index]}"))
+        else:
+            self.channel.send(Done(request.rid, {}, {}, frames=len(request.results)), tuple(request.results))
+
+    def close(self) -> None:
+        for curl, (_, _, transfer) in list(self.active.items()):
+            self.multi.remove_handle(curl)
+            transfer.abandon()
+        self.multi.close()
+        self.channel.close()
+        self.context.term()
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[1])
+    die_with_parent(int(args["parent"]))
+    if args.get("cores"):
+        os.sched_setaffinity(0, set(args["cores"]))
+    logging.basicConfig(level=logging.WARNING, format="[mmworker io] %(message)s")
+    stage = IoStage(args)
+    try:
+        stage.serve()
+    finally:
+        stage.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,88 @@
+"""What the pool hands back per request: `Reply` (accept or reject, zero-copy views) and `to_sglang`."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class ReplyItem:
+    """One image of an accepted request: its feature view, aux tensors and content hash."""
+
+    feature: np.ndarray  # read-only view into the worker's shared-memory ring
+    aux: dict[str, np.ndarray]
+    hash: int
+
+
+@dataclass(eq=False)
+class Reply:
+    """Exactly one per submitted request.
+
+    Accepted (`ok`): `input_ids` (int64, expanded), `offsets` (inclusive, per image), `items`,
+    `positions` (int64 [3, L] M-RoPE) and `delta`. Every array is a read-only view into shared
+    memory that stays valid until `release()` (or the end of a `with reply:` block); after that the
+    worker may reuse the memory, so copy anything you keep. Rejected: `error` names the cause.
+    """
+
+    request_id: Any
+    ok: bool
+    error: str | None = None
+    input_ids: np.ndarray | None = None
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+    items: list[ReplyItem] = field(default_factory=list)
+    positions: np.ndarray | None = None
+    delta: int | None = None
+    busy_ms: float = 0.0  # time the worker spent on it
+    latency_ms: float = 0.0  # submit -> reply ready
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def features(self) -> list[np.ndarray]:
+        return [item.feature for item in self.items]
+
+    @property
+    def hashes(self) -> list[int]:
+        return [item.hash for item in self.items]
+
+    def release(self) -> None:
+        """Give the shared memory back (idempotent). Views must not be used afterwards."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> "Reply":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def to_sglang(reply: Reply) -> dict[str, Any]:
+    """SGLang's processor-output dict for an accepted reply, built from views (no copy, no torch).
+
+    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts; `mrope_positions` is the
+    int64 [3, L] view and `mrope_position_delta` an int64 [[delta]] array (SGLang's scheduler-side
+    code wraps them with torch.from_numpy, which is zero-copy too). Hashes are plain Python ints:
+    SGLang calls `.to_bytes` on them.
+    """
+    if not reply.ok:
+        raise ValueError(f"request {reply.request_id!r} was rejected: {reply.error}")
+    items = []
+    for item, (start, end) in zip(reply.items, reply.offsets, strict=True):
+        grid = item.aux.get("image_grid_thw")
+        items.append(
+            {
+                "modality": "IMAGE",
+                "feature": item.feature,
+                "model_specific_data": {"image_grid_thw": np.asarray(grid, np.int64).reshape(1, 3)},
+                "hash": int(item.hash),
+                "offsets": [(int(start), int(end))],
+            }
+        )
+    out: dict[str, Any] = {"input_ids": reply.input_ids, "mm_items": items}
+    if reply.positions is not None:
+        out["mrope_positions"] = reply.positions
+        out["mrope_position_delta"] = np.array([[reply.delta]], np.int64)
+    return out

@@ -1,0 +1,173 @@
+"""A CPU worker process: pinned to one core, one compute thread, runs driver.process into its own ring.
+
+Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interpreter: never a fork
+of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
+
+    {"endpoint": ..., "worker": k, "incarnation": n, "ring": name, "core": c | null,
+     "spec": {...}, "parent": pid}
+
+Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
+a tiny image -> map the ring -> Hello -> then one job at a time:
+
+    Job(rid, frames=[input_ids int64, image 0, image 1, ...], args={"kinds": "bs..", "deadline"})
+      -> driver.process(family, MmInput, alloc=ring allocator)
+      -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta)
+      or Failed(reason); the job's allocations are freed on every failure path.
+
+While waiting for ring space it applies Release messages (the only way space comes back). libzmq
+adds its own I/O and reaper threads to the process; they only move bytes.
+"""
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from ipc.channels import Dealer, new_context
+from ipc.errors import IpcError
+from ipc.lifeline import die_with_parent
+from ipc.ring import RingWriter
+from ipc.segment import Segment
+from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
+from mmworker.corpus import encode, photo_like
+from mmworker.driver import MmInput, process
+from mmworker.errors import MmError
+from mmworker.pipeline import MRope
+from mmworker.pool.protocol import KIND_BYTES
+from mmworker.registry import pipeline_from_spec
+
+log = logging.getLogger("mmworker.worker")
+
+
+class Worker:
+    """One worker's state: its family, ring, channel; `serve` runs until Stop or parent death."""
+
+    def __init__(self, args: dict) -> None:
+        self.started = time.monotonic()
+        self.id = int(args["worker"])
+        self.family = pipeline_from_spec(args["spec"])
+        self._warm_up()
+        self.segment = Segment.attach(args["ring"], writable=True)
+        self.ring = RingWriter(self.segment, self.id)
+        self.context = new_context()
+        self.channel = Dealer(self.context, args["endpoint"], f"w{self.id}.{args['incarnation']}".encode())
+        self.stopping = False
+        ready_ms = (time.monotonic() - self.started) * 1e3
+        self.channel.send(Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms))
+
+    def _warm_up(self) -> None:
+        # Loads every kernel a request touches (from numba's on-disk cache after the first run),
+        # so the first real request does not pay for it.
+        image = encode(photo_like(64, 48, seed=0), "PNG")
+        token = getattr(getattr(self.family, "spec", None), "image_token_id", 0)
+        process(self.family, MmInput([token], [image]))
+
+    def serve(self) -> None:
+        while not self.stopping:
+            got = self.channel.recv(-1)
+            if got is None:
+                continue
+            message, payload = got
+            if isinstance(message, Job):
+                self._run(message, payload)
+            else:
+                self._control(message)
+
+    def _control(self, message) -> None:
+        if isinstance(message, Release):
+            for offset, seq in message.allocations:
+                self.ring.release(offset, seq)
+        elif isinstance(message, Stop):
+            self.stopping = True
+
+    def _wait_for_space(self, seconds: float) -> None:
+        got = self.channel.recv(int(min(seconds, 0.1) * 1000))
+        if got is not None and not isinstance(got[0], Job):
+            self._control(got[0])
+
+    def _run(self, job: Job, payload: list) -> None:
+        t0 = time.monotonic()
+        deadline = t0 + max(job.deadline_ms, 1) / 1000
+        allocations = []  # (array, allocation) of this job, freed if it fails
+
+        def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            dt = np.dtype(dtype)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            allocation = self.ring.allocate(nbytes, deadline, self._wait_for_space)
+            array = self.ring.array(allocation, dt, shape)
+            allocations.append((array, allocation))
+            return array
+
+        try:
+            ids = np.frombuffer(payload[0].buffer, dtype="<i8")
+            kinds = job.args.get("kinds", "")
+            if not isinstance(kinds, str) or len(kinds) != len(payload) - 1:
+                raise MmError(f"malformed job: {len(payload) - 1} source frame(s) but kinds {kinds!r}")
+            sources = [
+                frame.buffer if kind == KIND_BYTES else bytes(frame.buffer).decode("utf-8")
+                for kind, frame in zip(kinds, payload[1:], strict=True)
+            ]
+            out = process(self.family, MmInput(ids, sources), alloc=alloc)
+            tensors = {"input_ids": self._store(out.input_ids, alloc, allocations)}
+            meta: dict = {"offsets": [list(o) for o in out.offsets], "hashes": [i.hash for i in out.items]}
+            if isinstance(out.positions, MRope):
+                tensors["positions"] = self._store(out.positions.positions, alloc, allocations)
+                meta["delta"] = out.positions.delta
+            for i, item in enumerate(out.items):
+                tensors[f"feature.{i}"] = self._desc(item.feature, allocations)
+                for name, value in item.aux.items():
+                    meta[f"aux.{i}.{name}"] = [int(v) for v in np.asarray(value).reshape(-1)]
+            busy = (time.monotonic() - t0) * 1e3
+            self.channel.send(Done(job.rid, tensors, meta, busy))
+        except (MmError, IpcError) as exc:
+            self._free(allocations)
+            self.channel.send(Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3))
+        except Exception as exc:  # a bug must still answer the request, and be visible in the log
+            self._free(allocations)
+            traceback.print_exc(file=sys.stderr)
+            self.channel.send(Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}"))
+
+    def _store(self, array: np.ndarray, alloc, allocations) -> TensorDesc:
+        target = alloc(array.shape, array.dtype)
+        target[...] = array
+        return self._desc(target, allocations)
+
+    def _desc(self, array: np.ndarray, allocations) -> TensorDesc:
+        for candidate, allocation in allocations:
+            if candidate is array:
+                dtype = array.dtype.str if array.dtype.itemsize > 1 else "|u1"
+                return TensorDesc(self.id, allocation.offset, allocation.seq, array.nbytes, dtype, array.shape)
+        raise IpcError("a result tensor is not in the ring (the family did not use its allocator)")
+
+    def _free(self, allocations) -> None:
+        for _, allocation in allocations:
+            self.ring.release(allocation.offset, allocation.seq)
+        allocations.clear()
+
+    def close(self) -> None:
+        self.channel.close()
+        self.context.term()
+        del self.ring
+        self.segment.close()
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[1])
+    die_with_parent(int(args["parent"]))
+    if args.get("core") is not None:
+        os.sched_setaffinity(0, {int(args["core"])})
+    logging.basicConfig(level=logging.WARNING, format=f"[mmworker worker {args['worker']}] %(message)s")
+    worker = Worker(args)
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,300 @@
+"""WorkerPool end to end: real worker processes, real ZeroMQ, real shared memory, a real HTTP server."""
+
+import asyncio
+import base64
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from httpserver import MediaServer
+
+from ipc.segment import SHM_DIR
+from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
+from mmworker.corpus import encode, photo_like
+from mmworker.driver import MmInput, process
+from mmworker.pipeline import MRope
+from mmworker.registry import named_spec, pipeline_from_spec
+
+P = 151655
+SPEC = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
+
+
+def our_segments() -> list[str]:
+    return [e for e in os.listdir(SHM_DIR) if e.startswith(f"mmw-{os.getpid()}-")]
+
+
+def threads_of(pid: int) -> list[str]:
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            names.append(f.read().strip())
+    return names
+
+
+def wait_replies(pool, n, timeout=60.0):
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += pool.poll(0.5)
+    assert len(got) == n, f"{len(got)} of {n} replies"
+    return got
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    yield
+    gc.collect()
+    assert our_segments() == []
+
+
+@pytest.fixture(scope="module")
+def images():
+    return {
+        "small": encode(photo_like(64, 48, seed=1), "PNG"),
+        "jpeg": encode(photo_like(640, 480, seed=2), "JPEG"),
+        "big": encode(photo_like(1920, 1080, seed=3), "JPEG"),
+    }
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(SPEC, {"ring_mib": 192, "deadline_s": 30}) as p:
+        yield p
+
+
+def test_mixed_sources_equal_in_process_driver(pool, images, tmp_path):
+    server = MediaServer()
+    try:
+        path = tmp_path / "img.png"
+        path.write_bytes(images["small"])
+        png_b64 = base64.b64encode(images["small"]).decode()
+        sources = [
+            images["jpeg"],
+            "data:image/png;base64," + png_b64,
+            png_b64,
+            str(path),
+            server.put("a.jpg", images["jpeg"]),
+        ]
+        ids = [5, P, 6, P, P, 7, P, P, 8]
+        reply = pool.process(ids, sources)
+        expected = process(pipeline_from_spec(SPEC), MmInput(ids, sources))
+    finally:
+        server.stop()
+    with reply:
+        assert reply.ok, reply.error
+        np.testing.assert_array_equal(reply.input_ids, expected.input_ids)
+        assert reply.offsets == list(expected.offsets)
+        assert isinstance(expected.positions, MRope)
+        np.testing.assert_array_equal(reply.positions, expected.positions.positions)
+        assert reply.delta == expected.positions.delta
+        for got, want in zip(reply.items, expected.items, strict=True):
+            assert got.feature.tobytes() == want.feature.tobytes()  # byte-identical features
+            assert got.hash == want.hash
+            np.testing.assert_array_equal(got.aux["image_grid_thw"], want.aux["image_grid_thw"])
+            assert not got.feature.flags.writeable
+
+
+def test_replies_come_in_submission_order(pool, images):
+    rids = [pool.submit([P], [images["big" if k % 3 == 0 else "small"]]) for k in range(9)]
+    replies = wait_replies(pool, 9)
+    assert [r.request_id for r in replies] == rids
+    assert all(r.ok for r in replies)
+    for r in replies:
+        r.release()
+
+
+def test_unordered_pool_returns_in_completion_order(images):
+    with WorkerPool(SPEC, {"ordered": False, "workers": 2, "ring_mib": 128}) as pool:
+        big = pool.submit([P], [images["big"]])
+        small = [pool.submit([P], [images["small"]]) for _ in range(4)]
+        replies = wait_replies(pool, 5)
+        order = [r.request_id for r in replies]
+        assert order.index(big) > order.index(small[0])  # the small ones overtake the big one
+        for r in replies:
+            r.release()
+
+
+def test_rejections_name_the_cause(pool, images):
+    cases = {
+        "no placeholder": ([7, 8], [images["small"]], r"prompt has 0 media placeholder\(s\) but 1 media item\(s\)"),
+        "bad image": ([P], [b"junk"], r"^image 0: image decode"),
+        "no images": ([P], [], r"without image sources"),
+        "too many": ([P] * 65, [images["small"]] * 65, r"^multimodal request exceeds 64 media items$"),
+        "missing file": ([P], ["/no/such/file.png"], r"^image 0: media fetch: /no/such/file.png"),
+        "bad ids": (["x"], [images["small"]], r"input_ids must be integers"),
+    }
+    for name, (ids, sources, pattern) in cases.items():
+        reply = pool.process(ids, sources)
+        assert not reply.ok and reply.error, name
+        assert __import__("re").search(pattern, reply.error), (name, reply.error)
+
+
+def test_http_404_is_rejected_with_the_image_index(pool, images):
+    server = MediaServer()
+    try:
+        reply = pool.process([P, P], [images["small"], server.url("/status/404")])
+    finally:
+        server.stop()
+    assert not reply.ok and reply.error.startswith("image 1: media fetch: GET ") and "404" in reply.error
+
+
+def test_cancel_queued_and_running(pool, images):
+    first = pool.submit([P], [images["big"]])
+    queued = [pool.submit([P], [images["big"]]) for _ in range(3)]
+    assert pool.cancel(queued[-1]) and pool.cancel(first)
+    assert not pool.cancel("never submitted")
+    replies = {r.request_id: r for r in wait_replies(pool, 4)}
+    assert replies[first].error == "aborted" and replies[queued[-1]].error == "aborted"
+    assert replies[queued[0]].ok and replies[queued[1]].ok
+    for r in replies.values():
+        r.release()
+    # Everything the cancelled requests held was freed: a full pool's worth of work still fits.
+    assert all(r.ok for r in (pool.process([P], [images["big"]]) for _ in range(3)))
+
+
+def test_queue_full_rejects_at_once(images):
+    with WorkerPool(SPEC, {"queue_depth": 2, "workers": 1, "ring_mib": 64}) as pool:
+        rids = [pool.submit([P], [images["jpeg"]]) for _ in range(5)]
+        replies = {r.request_id: r for r in wait_replies(pool, 5)}
+        errors = [replies[r].error for r in rids]
+        assert errors[:2] == [None, None]
+        assert all(e.startswith("queue full: 2 requests in flight") for e in errors[2:])
+        for r in replies.values():
+            r.release()
+
+
+def test_worker_crash_is_answered_and_the_worker_replaced(images):
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 256}) as pool:
+        [pid] = pool.worker_pids()
+        rid = pool.submit([P] * 8, [images["big"]] * 8)  # a few hundred ms of work
+        time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        [reply] = wait_replies(pool, 1)
+        assert reply.request_id == rid and not reply.ok
+        assert reply.error.startswith("worker crashed (worker 0, exit code -9)")
+        after = pool.process([P], [images["small"]])
+        assert after.ok and pool.worker_pids() != [pid] and pool.stats().restarts == 1
+        after.release()
+
+
+def test_hung_worker_hits_the_deadline_and_is_replaced(images):
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "deadline_s": 1.0}) as pool:
+        [pid] = pool.worker_pids()
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        reply = pool.process([P], [images["small"]])
+        assert not reply.ok and reply.error.startswith("deadline exceeded (1 s, worker 0)")
+        assert 0.9 < time.monotonic() - t0 < 10
+        after = pool.process([P], [images["small"]])
+        assert after.ok and pool.worker_pids() != [pid]
+        after.release()
+
+
+def test_close_rejects_everything_pending(images):
+    pool = WorkerPool(SPEC, {"workers": 1, "ring_mib": 64})
+    rids = [pool.submit([P], [images["big"]]) for _ in range(3)]
+    pids = [*pool.worker_pids(), pool.io_pid()]
+    pool.close()
+    replies = pool.poll()
+    assert [r.request_id for r in replies] == rids and {r.error for r in replies} == {"pool closed"}
+    with pytest.raises(MmError, match="pool closed"):
+        pool.submit([P], [images["small"]])
+    assert all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in pids)
+
+
+def test_garbage_collected_pool_stops_its_processes(images):
+    pool = WorkerPool(SPEC, {"workers": 1, "ring_mib": 64})
+    pids = [*pool.worker_pids(), pool.io_pid()]
+    rundir = pool._res.rundir.path
+    del pool
+    gc.collect()
+    assert not os.path.exists(rundir)
+    assert all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in pids)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_each_worker_runs_one_thread_after_real_work(pool, images):
+    for r in [pool.process([P], [images["big"]]) for _ in range(4)]:
+        r.release()
+    for pid in pool.worker_pids():
+        names = threads_of(pid)
+        # libzmq's I/O and reaper threads move bytes; everything else must be the one Python thread.
+        compute = [n for n in names if not n.startswith("ZMQbg")]
+        assert len(compute) == 1, names
+        with open(f"/proc/{pid}/status") as f:
+            allowed = next(line for line in f if line.startswith("Cpus_allowed_list")).split()[1]
+        assert "-" not in allowed and "," not in allowed  # pinned to exactly one core
+
+
+def test_ring_full_rejects_and_recovers_after_release(images):
+    # 8 MiB ring: one 640x480 feature (7.4 MB) fits, a second cannot while the first is held.
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8, "deadline_s": 2}) as pool:
+        first = pool.process([P], [images["jpeg"]])
+        assert first.ok
+        second = pool.process([P], [images["jpeg"]])
+        assert not second.ok and second.error.startswith("shared memory full")
+        first.release()
+        third = pool.process([P], [images["jpeg"]])
+        assert third.ok
+        third.release()
+
+
+def test_mm_hashes_override(pool, images):
+    reply = pool.process([P, P], [images["small"], images["small"]], mm_hashes=["0xABC", "not hex"])
+    with reply:
+        computed = process(pipeline_from_spec(SPEC), MmInput([P], [images["small"]])).items[0].hash
+        assert reply.hashes == [0xABC, computed]
+    with pool.process([P], [images["small"]], mm_hashes=["1", "2"]) as mismatched:
+        assert mismatched.hashes == [computed]  # a count mismatch ignores the overrides
+
+
+def test_to_sglang_dict(pool, images):
+    with pool.process([1, P, 2], [images["jpeg"]]) as reply:
+        out = to_sglang(reply)
+        [item] = out["mm_items"]
+        assert item["modality"] == "IMAGE" and item["offsets"] == [reply.offsets[0]]
+        assert item["model_specific_data"]["image_grid_thw"].tolist() == [[1, 34, 46]]
+        assert item["model_specific_data"]["image_grid_thw"].dtype == np.int64
+        assert type(item["hash"]) is int
+        assert np.shares_memory(item["feature"], reply.features[0])
+        assert out["mrope_positions"].shape == (3, len(reply.input_ids)) and out["mrope_positions"].dtype == np.int64
+        assert out["mrope_position_delta"].tolist() == [[reply.delta]]
+    with pytest.raises(ValueError, match="was rejected"):
+        to_sglang(pool.process([P], [b"junk"]))
+
+
+def test_aprocess(pool, images):
+    async def main():
+        return await asyncio.gather(*(pool.aprocess([P], [images["small"]]) for _ in range(3)))
+
+    replies = asyncio.run(main())
+    assert all(r.ok for r in replies)
+    for r in replies:
+        r.release()
+
+
+def test_config_validation_and_plan(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    with pytest.raises(MmError, match="are not in this process's CPU set"):
+        PoolConfig.from_any({"cores": "4096"}).plan()
+    with pytest.raises(MmError, match="unknown key"):
+        PoolConfig.from_any({"worker": 2})
+    with pytest.raises(MmError, match="workers need"):
+        PoolConfig.from_any({"workers": len(allowed) + 1}).plan()
+    plan = PoolConfig.from_any({"cores": "0-15", "reserved_cores": None}).plan(allowed=set(range(16)))
+    assert plan.reserved == (0, 1) and plan.workers == tuple(range(2, 16))  # SGLang's min(2, n // 4)
+    toml = tmp_path / "pool.toml"
+    toml.write_text("workers = 1\nring_mib = 32\nordered = false\n")
+    config = PoolConfig.from_any(str(toml))
+    assert config.workers == 1 and config.ring_mib == 32 and config.ordered is False
+    with pytest.raises(MmError, match="unknown mm family"):
+        WorkerPool({"family": "llava"})
