@@ -1,6 +1,7 @@
 """The `mmworker` command line: argument parsing and dispatch to the subcommands."""
 
 import argparse
+import os
 import sys
 import time
 from importlib import resources
@@ -72,6 +73,18 @@ def _process(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    """Print the core map a pool with this configuration would use here."""
+    from mmworker.pool.config import PoolConfig
+
+    config = PoolConfig.from_any(args.config)
+    allowed = sorted(os.sched_getaffinity(0))
+    print(f"this process may run on {len(allowed)} CPU(s): {allowed}")
+    print(config.plan().describe())
+    print(f"ring per worker: {config.ring_mib} MiB; queue depth {config.queue_depth}; deadline {config.deadline_s:g} s")
+    return 0
+
+
 def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.replace(",", " ").split()]
@@ -94,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--spec", help="JSON spec file (keys of SGLang's qwen_vl spec)")
     proc.add_argument("--prompt-ids", type=_int_list, help="prompt token ids (default: one placeholder per image)")
     proc.set_defaults(run=_process)
+
+    plan = sub.add_parser("plan", help="print the core map a pool configuration would use on this machine")
+    plan.add_argument("--config", help="pool configuration (TOML); default: all defaults")
+    plan.set_defaults(run=_plan)
     return parser
 
 

@@ -59,6 +59,9 @@ log = logging.getLogger("mmworker.pool")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _STOP_GRACE_S = 2.0
+# How often poll() looks at process handles and deadlines (a waitpid per process): often enough
+# that a crash is answered within a few ms, rarely enough to cost nothing per request.
+_CHECK_INTERVAL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -92,20 +95,19 @@ class _Slot:
 
 
 class _Request:
-    __slots__ = ("cancelled", "deadline", "frames", "ids", "kinds", "mm_hashes", "request_id", "rid", "slot",
-                 "sources", "state", "submitted")  # fmt: skip
+    __slots__ = ("cancelled", "deadline", "dispatched", "ids", "mm_hashes", "request_id", "rid", "slot", "sources",
+                 "state", "submitted")  # fmt: skip
 
     def __init__(self, rid: int, request_id: Any, submitted: float) -> None:
         self.rid, self.request_id, self.submitted = rid, request_id, submitted
         self.state = "new"
         self.cancelled = False
         self.ids = b""
-        self.kinds = ""
         self.sources: list = []
-        self.frames: list = []
         self.mm_hashes = None
         self.slot: _Slot | None = None
         self.deadline = 0.0
+        self.dispatched = 0.0
 
 
 class _Resources:
@@ -174,6 +176,7 @@ class WorkerPool:
         self._cold_start: list[float] = []
         self._io_ready = False
         self._io_proc: subprocess.Popen | None = None
+        self._next_check = 0.0
         try:
             self._start()
         except BaseException:
@@ -402,7 +405,10 @@ class WorkerPool:
         if self._res.closed:
             return
         self._receive()
-        self._check_processes()
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + _CHECK_INTERVAL_S
+            self._check_processes()
         self._dispatch()
 
     def _receive(self) -> None:
@@ -474,7 +480,8 @@ class WorkerPool:
             request_id=req.request_id, ok=True, input_ids=view("input_ids"),
             offsets=[(int(s), int(e)) for s, e in meta["offsets"]], items=items,
             positions=view("positions") if "positions" in done.tensors else None,
-            delta=meta.get("delta"), busy_ms=done.busy_ms, _release=release,
+            delta=meta.get("delta"), busy_ms=done.busy_ms, queued_ms=(req.dispatched - req.submitted) * 1e3,
+            _release=release,
         )  # fmt: skip
 
     def _on_io(self, message, payload) -> None:
@@ -538,7 +545,8 @@ class WorkerPool:
             slot = next(s for s in self._slots if s.identity == peer)
             slot.rid = req.rid
             req.state, req.slot = "running", slot
-            req.deadline = time.monotonic() + self.config.deadline_s
+            req.dispatched = time.monotonic()
+            req.deadline = req.dispatched + self.config.deadline_s
 
     # --- bookkeeping -----------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class Reply:
     delta: int | None = None
     busy_ms: float = 0.0  # time the worker spent on it
     latency_ms: float = 0.0  # submit -> reply ready
+    queued_ms: float = 0.0  # submit -> handed to a worker (waiting for I/O or an idle worker)
     _release: Callable[[], None] | None = field(default=None, repr=False)
 
     @property

@@ -1,0 +1,129 @@
+"""Benchmark of the worker pool: scaling with workers, pool overhead per request, client CPU, order.
+
+720p JPEG requests of one image, qwen2_vl (HF default pixel budget), one run:
+1. closed loop (2 requests in flight per worker) with 1 and with 2 workers: throughput and ratio;
+2. open loop at 70% of the 2-worker throughput (Poisson arrivals), ordered and unordered:
+   latency percentiles; pool overhead = latency - in-worker busy time (with and without the time
+   spent waiting for a free worker); client CPU (this process: submit, poll, views, release,
+   libzmq's I/O thread) per accepted request.
+
+    .venv/bin/python bench/bench_pool.py [--seconds 10]
+"""
+
+import argparse
+import random
+import sys
+import time
+
+from mmworker import WorkerPool
+from mmworker.corpus import encode, photo_like
+from mmworker.registry import named_spec
+
+P = 151655
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def closed_loop(pool, data, seconds, in_flight):
+    for _ in range(in_flight):
+        pool.submit([P], [data])
+    done, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for reply in pool.poll(1.0):
+            assert reply.ok, reply.error
+            reply.release()
+            done += 1
+            pool.submit([P], [data])
+    elapsed = time.monotonic() - t0
+    while pool.stats().in_flight:
+        for reply in pool.poll(1.0):
+            reply.release()
+    return done / elapsed
+
+
+def open_loop(pool, data, seconds, rate, seed=1):
+    rng = random.Random(seed)
+    replies, t0 = [], time.monotonic()
+    next_at = t0
+    cpu0 = time.process_time()
+    submitted = 0
+    while time.monotonic() - t0 < seconds or pool.stats().in_flight:
+        now = time.monotonic()
+        while next_at <= now and now - t0 < seconds:
+            pool.submit([P], [data])
+            submitted += 1
+            next_at += rng.expovariate(rate)
+        wait = max(0.0, min(next_at - time.monotonic(), 0.05)) if now - t0 < seconds else 0.05
+        for reply in pool.poll(wait):
+            assert reply.ok, reply.error
+            replies.append((reply.latency_ms, reply.busy_ms, reply.queued_ms))
+            reply.release()
+    cpu = time.process_time() - cpu0
+    return replies, cpu / max(1, len(replies)) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    from mmworker.runtime import reexec_tuned
+
+    reexec_tuned()
+    spec = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
+    data = encode(photo_like(1280, 720, seed=1), "JPEG")
+    throughput = {}
+    for workers in (1, 2):
+        with WorkerPool(spec, {"workers": workers, "ring_mib": 256}) as pool:
+            closed_loop(pool, data, 1.0, 2 * workers)  # warm-up
+            throughput[workers] = closed_loop(pool, data, args.seconds, 2 * workers)
+    print(f"closed loop, 720p JPEG, 1 image/request, {args.seconds:g} s each")
+    for workers, rps in throughput.items():
+        print(f"  {workers} worker(s): {rps:7.1f} requests/s")
+    scale = throughput[2] / throughput[1]
+    print(f"  2 workers / 1 worker: {scale:.2f}x")
+
+    rate = 0.7 * throughput[2]
+    results = {}
+    for ordered in (True, False):
+        with WorkerPool(spec, {"workers": 2, "ring_mib": 256, "ordered": ordered}) as pool:
+            closed_loop(pool, data, 1.0, 4)
+            results[ordered] = open_loop(pool, data, args.seconds, rate)
+    print(f"\nopen loop at 70% load ({rate:.1f} requests/s, Poisson), 2 workers")
+    print(f"  {'':<10} {'latency p50':>12} {'p99':>8} {'overhead p50':>13} {'p99':>8} "
+          f"{'excl. queue p50':>16} {'p99':>8} {'client CPU/req':>15}")  # fmt: skip
+    verdicts = [(f"2 workers >= 1.8x 1 worker: {scale:.2f}x", scale >= 1.8)]
+    for ordered, (replies, cpu_ms) in results.items():
+        lat = [r[0] for r in replies]
+        over = [r[0] - r[1] for r in replies]
+        transport = [r[0] - r[1] - r[2] for r in replies]
+        name = "ordered" if ordered else "unordered"
+        cells = [
+            pct(lat, 0.5),
+            pct(lat, 0.99),
+            pct(over, 0.5),
+            pct(over, 0.99),
+            pct(transport, 0.5),
+            pct(transport, 0.99),
+        ]
+        widths = [10, 6, 11, 6, 14, 6]
+        row = " ".join(f"{v:{w}.2f}ms" for v, w in zip(cells, widths, strict=True))
+        print(f"  {name:<10} {row} {cpu_ms:13.3f}ms")
+        if ordered:
+            verdicts += [
+                (f"overhead p50 <= 0.5 ms: {pct(over, .5):.2f} ms (excluding queueing {pct(transport, .5):.2f})",
+                 pct(over, .5) <= 0.5),
+                (f"overhead p99 <= 2 ms: {pct(over, .99):.2f} ms (excluding queueing {pct(transport, .99):.2f})",
+                 pct(over, .99) <= 2.0),
+                (f"client CPU per request <= 0.2 ms: {cpu_ms:.3f} ms", cpu_ms <= 0.2),
+            ]  # fmt: skip
+    print()
+    for text, ok in verdicts:
+        print(f"target {text} {'PASS' if ok else 'MISS'}")
+    return 0 if all(ok for _, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
