@@ -85,6 +85,14 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loadtest(args: argparse.Namespace) -> int:
+    from mmworker.loadtest.app import run
+    from mmworker.runtime import reexec_tuned
+
+    reexec_tuned()  # the in-process comparisons must run under the workers' allocator settings
+    return run(args)
+
+
 def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.replace(",", " ").split()]
@@ -107,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--spec", help="JSON spec file (keys of SGLang's qwen_vl spec)")
     proc.add_argument("--prompt-ids", type=_int_list, help="prompt token ids (default: one placeholder per image)")
     proc.set_defaults(run=_process)
+
+    load = sub.add_parser(
+        "loadtest",
+        help="drive a worker pool with a realistic request mix and report throughput, latency and correctness",
+        description="Start a WorkerPool, a built-in corpus and a local media server, drive the pool, and report.",
+    )
+    from mmworker.loadtest.app import add_arguments
+
+    add_arguments(load)
+    load.set_defaults(run=_loadtest)
 
     plan = sub.add_parser("plan", help="print the core map a pool configuration would use on this machine")
     plan.add_argument("--config", help="pool configuration (TOML); default: all defaults")

@@ -77,6 +77,8 @@ class PoolStats:
     in_flight: int
     queued: int
     cold_start_ms: tuple[float, ...]
+    shm_held_bytes: int
+    shm_peak_held_bytes: int
 
 
 class _Slot:
@@ -177,6 +179,8 @@ class WorkerPool:
         self._io_ready = False
         self._io_proc: subprocess.Popen | None = None
         self._next_check = 0.0
+        self._held_bytes = 0  # shared memory held by replies not yet released
+        self._peak_held_bytes = 0
         try:
             self._start()
         except BaseException:
@@ -374,7 +378,8 @@ class WorkerPool:
             workers=len(self._slots), workers_ready=sum(s.ready for s in self._slots),
             restarts=self._stats["restarts"], submitted=self._stats["submitted"], accepted=self._stats["accepted"],
             rejected=self._stats["rejected"], in_flight=len(self._requests), queued=len(self._queue),
-            cold_start_ms=tuple(self._cold_start),
+            cold_start_ms=tuple(self._cold_start), shm_held_bytes=self._held_bytes,
+            shm_peak_held_bytes=self._peak_held_bytes,
         )  # fmt: skip
 
     def worker_pids(self) -> list[int]:
@@ -471,8 +476,12 @@ class WorkerPool:
             items.append(ReplyItem(feature=view(f"feature.{i}"), aux=aux, hash=hashes[i]))
         descs = list(done.tensors.values())
         incarnation = slot.incarnation
+        held = sum(d.nbytes for d in descs)
+        self._held_bytes += held
+        self._peak_held_bytes = max(self._peak_held_bytes, self._held_bytes)
 
         def release() -> None:
+            self._held_bytes -= held
             if not self._res.closed and slot.incarnation == incarnation and slot.ready:
                 self._release(slot, descs)
 
@@ -481,7 +490,7 @@ class WorkerPool:
             offsets=[(int(s), int(e)) for s, e in meta["offsets"]], items=items,
             positions=view("positions") if "positions" in done.tensors else None,
             delta=meta.get("delta"), busy_ms=done.busy_ms, queued_ms=(req.dispatched - req.submitted) * 1e3,
-            _release=release,
+            worker=slot.index, nbytes=held, _release=release,
         )  # fmt: skip
 
     def _on_io(self, message, payload) -> None:

@@ -37,6 +37,8 @@ class Reply:
     busy_ms: float = 0.0  # time the worker spent on it
     latency_ms: float = 0.0  # submit -> reply ready
     queued_ms: float = 0.0  # submit -> handed to a worker (waiting for I/O or an idle worker)
+    worker: int | None = None  # which worker produced it
+    nbytes: int = 0  # shared memory the reply holds until released
     _release: Callable[[], None] | None = field(default=None, repr=False)
 
     @property

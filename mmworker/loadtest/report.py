@@ -1,0 +1,234 @@
+"""The load test's report: figures from the records, the terminal table, the JSON document, the plot, the verdict.
+
+JSON schema (version 1), all times in ms unless named *_s:
+    machine {cpus, allowed_cpus, cpu_model, python, pillow, numpy, kernel}
+    config  {...the run's options...}
+    duration_s, measured_s
+    requests {submitted, answered, accepted, rejected, lost, duplicated, warmup, expected_bad,
+              bad_accepted, bad_wrong_reason, good_rejected}
+    throughput {requests_per_s, images_per_s}
+    latency_ms {mean, p50, p90, p99, p99.9, max}
+    workers [{index, pid, cpu_utilisation, requests, images}]
+    client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb}
+    shm {ring_mib, peak_held_mb}
+    rejects_by_reason {reason: count}
+    verify {checked, mismatches}
+    inline (with --compare-inline) {requests, requests_per_s, pool_speedup}
+    ok, failures [...]
+"""
+
+import os
+import platform
+import re
+import resource
+from collections import Counter
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from mmworker.loadtest.runner import RunResult
+
+REPORT_VERSION = 1
+_REASONS = (
+    "queue full", "shared memory full", "deadline exceeded", "worker crashed", "pool closed", "aborted",
+    "exceeds 64 media items", "total media bytes", "media placeholder", "status code 404", "image decode",
+    "media fetch", "smart_resize", "aspect ratio",
+)  # fmt: skip
+
+
+def reason_of(error: str) -> str:
+    """A stable category for a reject message (the known causes, else its start without numbers)."""
+    for reason in _REASONS:
+        if reason in error:
+            return reason
+    return re.sub(r"\d+", "N", error)[:60]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {k: float("nan") for k in ("mean", "p50", "p90", "p99", "p99.9", "max")}
+    v = np.sort(np.asarray(values))
+    q = {name: float(np.percentile(v, p, method="higher")) for name, p in
+         (("p50", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9))}  # fmt: skip
+    return {"mean": float(v.mean()), **q, "max": float(v[-1])}
+
+
+def machine_info() -> dict:
+    import numpy
+    import PIL
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(), "allowed_cpus": sorted(os.sched_getaffinity(0)), "cpu_model": model,
+        "python": platform.python_version(), "pillow": PIL.__version__, "numpy": numpy.__version__,
+        "kernel": platform.release(),
+    }  # fmt: skip
+
+
+def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: list[int], ring_mib: int,
+                 mismatches: list[int], inline: dict | None) -> dict:  # fmt: skip
+    records = result.records
+    answered = [r for r in records if r.answers]
+    measured = [r for r in answered if not r.warmup]
+    accepted = [r for r in measured if r.ok]
+    measured_s = max(1e-9, result.ended - result.measured_from)
+    bad = [r for r in answered if r.spec.kind != "good"]
+    bad_accepted = [r for r in bad if r.ok]
+    bad_wrong = [r for r in bad if not r.ok and r.spec.expected_error not in (r.error or "")]
+    good_rejected = [r for r in answered if r.spec.kind == "good" and not r.ok]
+    lost = len(records) - len(answered)
+    per_worker = Counter(r.worker for r in accepted)
+    per_worker_images = Counter()
+    for r in accepted:
+        per_worker_images[r.worker] += r.spec.images
+    wall = max(1e-9, result.ended - result.started)
+    failures = []
+    if lost:
+        failures.append(f"{lost} request(s) lost (submitted, never answered)")
+    if result.duplicates:
+        failures.append(f"{result.duplicates} duplicated answer(s)")
+    if mismatches:
+        failures.append(f"{len(mismatches)} verified request(s) differ from in-process results: {mismatches[:5]}")
+    if bad_accepted:
+        failures.append(
+            f"{len(bad_accepted)} expected-bad request(s) accepted: {[r.spec.kind for r in bad_accepted][:5]}"
+        )
+    if bad_wrong:
+        failures.append(f"{len(bad_wrong)} bad request(s) rejected for the wrong reason: "
+                        f"{[(r.spec.kind, r.error) for r in bad_wrong][:3]}")  # fmt: skip
+    report = {
+        "version": REPORT_VERSION,
+        "machine": machine_info(),
+        "config": config,
+        "duration_s": wall,
+        "measured_s": measured_s,
+        "requests": {
+            "submitted": len(records),
+            "answered": len(answered),
+            "accepted": sum(r.ok for r in answered),
+            "rejected": sum(not r.ok for r in answered),
+            "lost": lost,
+            "duplicated": result.duplicates,
+            "warmup": sum(r.warmup for r in records),
+            "expected_bad": len(bad),
+            "bad_accepted": len(bad_accepted),
+            "bad_wrong_reason": len(bad_wrong),
+            "good_rejected": len(good_rejected),
+        },
+        "throughput": {
+            "requests_per_s": len(accepted) / measured_s,
+            "images_per_s": sum(r.spec.images for r in accepted) / measured_s,
+        },
+        "latency_ms": percentiles([r.latency_ms for r in accepted]),
+        "workers": [
+            {
+                "index": k,
+                "pid": pid,
+                "cpu_utilisation": result.worker_cpu_s.get(k, 0.0) / wall,
+                "requests": per_worker.get(k, 0),
+                "images": per_worker_images.get(k, 0),
+            }
+            for k, pid in enumerate(worker_pids)
+        ],
+        "client": {
+            "cpu_utilisation": result.cpu_s / wall,
+            "cpu_ms_per_request": result.cpu_s / max(1, len(answered)) * 1e3,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        },
+        "shm": {"ring_mib": ring_mib, "peak_held_mb": pool_stats.shm_peak_held_bytes / 2**20},
+        "rejects_by_reason": dict(Counter(reason_of(r.error or "") for r in answered if not r.ok).most_common()),
+        "verify": {"checked": len(result.verify), "mismatches": len(mismatches)},
+        "restarts": pool_stats.restarts,
+        "ok": not failures,
+        "failures": failures,
+    }
+    if inline is not None:
+        report["inline"] = inline
+    return report
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    r, lat, thr = report["requests"], report["latency_ms"], report["throughput"]
+    table = Table(title="mmworker load test", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    cfg = report["config"]
+    table.add_row("run", f"{cfg['mode']}, {report['measured_s']:.1f} s measured (+{cfg['warmup_s']:g} s warm-up), "
+                         f"{cfg['workers']} workers, spec {cfg['spec_name']}")  # fmt: skip
+    table.add_row("throughput", f"{thr['requests_per_s']:.1f} requests/s, {thr['images_per_s']:.1f} images/s")
+    table.add_row("latency", "  ".join(f"{k} {lat[k]:.1f} ms" for k in ("p50", "p90", "p99", "p99.9", "max")))
+    table.add_row("requests", f"{r['submitted']} submitted, {r['answered']} answered, {r['accepted']} accepted, "
+                              f"{r['rejected']} rejected ({r['expected_bad']} deliberately bad)")  # fmt: skip
+    table.add_row("lost / duplicated", f"{r['lost']} / {r['duplicated']}")
+    table.add_row("verified", f"{report['verify']['checked']} replies re-run in process, "
+                              f"{report['verify']['mismatches']} mismatches")  # fmt: skip
+    for w in report["workers"]:
+        table.add_row(f"worker {w['index']}", f"CPU {w['cpu_utilisation'] * 100:.0f}%, {w['requests']} requests, "
+                                              f"{w['images']} images")  # fmt: skip
+    c = report["client"]
+    table.add_row("client", f"CPU {c['cpu_utilisation'] * 100:.0f}% ({c['cpu_ms_per_request']:.2f} ms/request), "
+                            f"peak RSS {c['peak_rss_mb']:.0f} MB")  # fmt: skip
+    table.add_row("shared memory", f"peak {report['shm']['peak_held_mb']:.1f} MB held by unreleased replies "
+                                   f"(rings {report['shm']['ring_mib']} MiB per worker)")  # fmt: skip
+    rejects = ", ".join(f"{k}: {v}" for k, v in report["rejects_by_reason"].items()) or "none"
+    table.add_row("rejects by reason", rejects)
+    table.add_row("restarts", str(report["restarts"]))
+    if "inline" in report:
+        i = report["inline"]
+        table.add_row("vs inline", f"{i['requests_per_s']:.1f} requests/s on one core in process: "
+                                   f"the pool is {i['pool_speedup']:.2f}x")  # fmt: skip
+    verdict = "[green]PASS[/green]" if report["ok"] else "[red]FAIL[/red]: " + "; ".join(report["failures"])
+    table.add_row("verdict", verdict)
+    console.print(table)
+
+
+def plot(result: RunResult, path: str, width: int = 1200, height: int = 500) -> None:
+    """PNG: latency over time (left) and a latency histogram (right). Drawn with Pillow only:
+    matplotlib would pull in plain Pillow and replace pillow-simd."""
+    measured = [r for r in result.records if r.answers and r.ok and not r.warmup]
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    if not measured:
+        draw.text((20, 20), "no accepted requests", fill="black")
+        image.save(path)
+        return
+    t = np.array([r.answered - result.measured_from for r in measured])
+    lat = np.array([r.latency_ms for r in measured])
+    top = float(np.percentile(lat, 99.9)) * 1.1 or 1.0
+    pad, mid = 60, width // 2
+
+    def frame(x0, x1, title, xlabel):
+        draw.rectangle([x0, pad, x1, height - pad], outline="black")
+        draw.text((x0, 20), title, fill="black")
+        draw.text((x0 + (x1 - x0) // 2 - 40, height - pad + 25), xlabel, fill="black")
+
+    frame(pad, mid - 20, "latency over time (ms)", "seconds after warm-up")
+    span = max(float(t.max()), 1e-9)
+    for ti, li in zip(t, np.minimum(lat, top), strict=True):
+        x = pad + max(ti, 0.0) / span * (mid - 20 - pad)
+        y = height - pad - li / top * (height - 2 * pad)
+        draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=(31, 119, 180))
+    draw.text((pad, height - pad + 8), "0", fill="black")
+    draw.text((mid - 50, height - pad + 8), f"{span:.0f}", fill="black")
+    for frac in (0, 0.5, 1.0):
+        y = height - pad - frac * (height - 2 * pad)
+        draw.text((5, y - 6), f"{top * frac:.0f}", fill="black")
+    frame(mid + 20, width - pad, "latency histogram (count per bin)", "latency (ms)")
+    counts, _edges = np.histogram(np.minimum(lat, top), bins=50, range=(0, top))
+    bar_w = (width - pad - mid - 20) / len(counts)
+    for k, c in enumerate(counts):
+        x0 = mid + 20 + k * bar_w
+        y = height - pad - c / max(1, counts.max()) * (height - 2 * pad)
+        draw.rectangle([x0, y, x0 + bar_w - 1, height - pad], fill=(255, 127, 14))
+    draw.text((mid + 20, height - pad + 8), "0", fill="black")
+    draw.text((width - pad - 30, height - pad + 8), f"{top:.0f}", fill="black")
+    image.save(path)

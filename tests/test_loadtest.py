@@ -1,0 +1,86 @@
+"""`mmworker loadtest`: option checks, a short real run, the report schema, --verify, sweep and open loop."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from mmworker.corpus import encode, photo_like
+
+REPORT_KEYS = {"version", "machine", "config", "duration_s", "measured_s", "requests", "throughput", "latency_ms",
+               "workers", "client", "shm", "rejects_by_reason", "verify", "restarts", "ok", "failures"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("corpus")
+    for k, (w, h, fmt) in enumerate([(320, 240, "JPEG"), (200, 150, "PNG"), (256, 256, "WEBP"), (640, 360, "JPEG"),
+                                     (96, 96, "PNG"), (300, 200, "JPEG")]):  # fmt: skip
+        (directory / f"img{k}.{fmt.lower()}").write_bytes(encode(photo_like(w, h, seed=k), fmt))
+    (directory / "notes.txt").write_text("not an image: skipped")
+    return directory
+
+
+def loadtest(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "mmworker.cli", "loadtest", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--duration", "1", "--requests", "5"], "--duration and --requests are exclusive"),
+     (["--concurrency", "2", "--rate", "5"], "--concurrency (closed loop) and --rate (open loop) are exclusive"),
+     (["--rate", "0"], "--rate must be positive"),
+     (["--images-per-request", "1:x"], "expected 'N:weight,...'"),
+     (["--images-per-request", "70:1"], "counts must be 1..64"),
+     (["--sources", "bytes,ftp"], "choose from bytes, data, base64, path, http"),
+     (["--bad-fraction", "1.5"], "--bad-fraction must be within 0..1"),
+     (["--family", "llava"], "unknown named spec 'llava'")],
+)  # fmt: skip
+def test_bad_options_are_refused_before_anything_starts(args, message, corpus):
+    result = loadtest("--corpus", str(corpus), *args, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+
+
+def test_short_run_report_schema_and_plot(corpus, tmp_path):
+    report, png = tmp_path / "r.json", tmp_path / "p.png"
+    result = loadtest("--corpus", str(corpus), "--requests", "60", "--warmup", "0", "--bad-fraction", "0.2",
+                      "--verify", "8", "--json", str(report), "--plot", str(png), "--compare-inline")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(report.read_text())
+    assert set(doc) >= REPORT_KEYS and doc["version"] == 1 and doc["ok"] is True
+    r = doc["requests"]
+    assert r["submitted"] == r["answered"] == 60 and r["lost"] == 0 and r["duplicated"] == 0
+    assert r["expected_bad"] > 0 and r["bad_accepted"] == 0 and r["bad_wrong_reason"] == 0 and r["good_rejected"] == 0
+    assert doc["verify"] == {"checked": 8, "mismatches": 0}
+    assert set(doc["latency_ms"]) == {"mean", "p50", "p90", "p99", "p99.9", "max"}
+    assert doc["throughput"]["requests_per_s"] > 0 and doc["inline"]["pool_speedup"] > 0
+    assert sum(w["requests"] for w in doc["workers"]) == r["accepted"]
+    assert sum(doc["rejects_by_reason"].values()) == r["rejected"]
+    with Image.open(png) as image:
+        assert image.size == (1200, 500)
+    assert "PASS" in result.stdout and "lost / duplicated" in result.stdout
+
+
+def test_verify_catches_a_corrupted_reply(corpus, tmp_path):
+    report = tmp_path / "r.json"
+    result = loadtest("--corpus", str(corpus), "--requests", "12", "--warmup", "0", "--bad-fraction", "0",
+                      "--verify", "3", "--corrupt-sample", "--json", str(report))  # fmt: skip
+    assert result.returncode == 1
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and doc["verify"]["mismatches"] == 3
+    assert any("differ from in-process results" in f for f in doc["failures"])
+
+
+def test_sweep_and_open_loop(corpus, tmp_path):
+    report = tmp_path / "r.json"
+    result = loadtest("--corpus", str(corpus), "--sweep-workers", "1,2", "--rate", "30", "--duration", "1.5",
+                      "--warmup", "0.5", "--json", str(report))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(report.read_text())
+    assert [r["config"]["workers"] for r in doc["sweep"]] == [1, 2]
+    assert all(r["config"]["mode"] == "open loop 30/s" for r in doc["sweep"])
+    assert "knee:" in result.stdout
