@@ -16,17 +16,21 @@ _HALF = [0.5, 0.5, 0.5]
 # Qwen/Qwen2.5-VL-7B-Instruct, Qwen/Qwen3-VL-8B-Instruct, Qwen/Qwen3.5-*), image_token_id from
 # their tokenizers (<|image_pad|>). `resample` is left at the default (the torchvision processor,
 # which SGLang uses unless --disable-fast-image-processor).
+_QWEN2_TOKENS = {"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+                 "video_token_id": 151656}  # fmt: skip
+_QWEN3_5_TOKENS = {"image_token_id": 248056, "vision_start_token_id": 248053, "vision_end_token_id": 248054,
+                   "video_token_id": 248057}  # fmt: skip
 NAMED_SPECS: dict[str, dict[str, Any]] = {
-    "qwen2_vl": {"family": "qwen_vl", "image_token_id": 151655, "patch_size": 14, "merge_size": 2,
+    "qwen2_vl": {"family": "qwen_vl", **_QWEN2_TOKENS, "patch_size": 14, "merge_size": 2,
                  "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
                  "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
-    "qwen2_5_vl": {"family": "qwen_vl", "image_token_id": 151655, "patch_size": 14, "merge_size": 2,
+    "qwen2_5_vl": {"family": "qwen_vl", **_QWEN2_TOKENS, "patch_size": 14, "merge_size": 2,
                    "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
                    "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
-    "qwen3_vl": {"family": "qwen_vl", "image_token_id": 151655, "patch_size": 16, "merge_size": 2,
+    "qwen3_vl": {"family": "qwen_vl", **_QWEN2_TOKENS, "patch_size": 16, "merge_size": 2,
                  "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
                  "image_mean": _HALF, "image_std": _HALF},
-    "qwen3_5": {"family": "qwen_vl", "image_token_id": 248056, "patch_size": 16, "merge_size": 2,
+    "qwen3_5": {"family": "qwen_vl", **_QWEN3_5_TOKENS, "patch_size": 16, "merge_size": 2,
                 "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
                 "image_mean": _HALF, "image_std": _HALF},
 }  # fmt: skip

@@ -185,7 +185,7 @@ def test_failed_decode_returns_the_whole_reservation():
 
 
 def test_default_budget_is_64_mib_for_base64():
-    assert fetch_bytes.__kwdefaults__ == {"timeout": None}
+    assert fetch_bytes.__kwdefaults__ == {"timeout": None, "policy": None}
     # The estimate alone decides, so no 64 MiB string of valid base64 is needed to hit the cap.
     oversized = "A" * ((MAX_FETCH_BYTES // 3 + 1) * 4)
     with pytest.raises(MmError, match=r"decoded size 67108866 bytes, 67108864 bytes remaining"):

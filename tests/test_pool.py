@@ -5,6 +5,7 @@ import base64
 import gc
 import os
 import signal
+import tempfile
 import time
 
 import numpy as np
@@ -58,9 +59,13 @@ def images():
     }
 
 
+# Tests serve media from 127.0.0.1 and temporary files; the safe default policy refuses both.
+TEST_MEDIA = {"allowed_networks": ["127.0.0.1/32"], "allowed_local_roots": [tempfile.gettempdir()]}
+
+
 @pytest.fixture(scope="module")
 def pool():
-    with WorkerPool(SPEC, {"ring_mib": 192, "deadline_s": 30}) as p:
+    with WorkerPool(SPEC, {"ring_mib": 192, "deadline_s": 30, "media": TEST_MEDIA}) as p:
         yield p
 
 
@@ -268,6 +273,9 @@ def test_to_sglang_dict(pool, images):
         assert np.shares_memory(item["feature"], reply.features[0])
         assert out["mrope_positions"].shape == (3, len(reply.input_ids)) and out["mrope_positions"].dtype == np.int64
         assert out["mrope_position_delta"].tolist() == [[reply.delta]]
+        # Without these SGLang's scheduler cannot pad the image tokens (found by tests/test_sglang_client.py).
+        assert (out["im_token_id"], out["im_start_id"], out["im_end_id"], out["video_token_id"]) == (
+            151655, 151652, 151653, 151656)  # fmt: skip
     with pytest.raises(ValueError, match="was rejected"):
         to_sglang(pool.process([P], [b"junk"]))
 
@@ -298,3 +306,20 @@ def test_config_validation_and_plan(tmp_path):
     assert config.workers == 1 and config.ring_mib == 32 and config.ordered is False
     with pytest.raises(MmError, match="unknown mm family"):
         WorkerPool({"family": "llava"})
+
+
+def test_default_media_policy_refuses_private_urls_and_local_files(images, tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(images["small"])
+    server = MediaServer()
+    try:
+        url = server.put("a.png", images["small"])
+        with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as strict:
+            by_url = strict.process([P], [url])
+            by_path = strict.process([P], [str(path)])
+            by_file_uri = strict.process([P], [f"file://{path}"])
+    finally:
+        server.stop()
+    assert not by_url.ok and "refused by the media policy: address 127.0.0.1 is not public (loopback)" in by_url.error
+    assert not by_path.ok and by_path.error.endswith("local files are not allowed")
+    assert not by_file_uri.ok and by_file_uri.error.endswith("local files are not allowed")

@@ -21,6 +21,7 @@ import stat
 from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, ByteBudget
 from mmworker.common.http import http_get, timeout_from_env
 from mmworker.common.inline import base64_decode, data_url_payload, decode_base64_payload
+from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
 
 __all__ = ["base64_decode", "fetch_bytes", "read_bounded"]
@@ -31,50 +32,57 @@ __all__ = ["base64_decode", "fetch_bytes", "read_bounded"]
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
-def fetch_bytes(source: str, budget: ByteBudget | None = None, *, timeout: float | None = None) -> bytes:
+def fetch_bytes(
+    source: str, budget: ByteBudget | None = None, *, timeout: float | None = None, policy: MediaPolicy | None = None
+) -> bytes:
     """Resolve `source` to raw bytes, charging them to `budget`.
 
     budget=None uses a fresh 64 MiB budget (the standalone binding's); the driver passes the request's
     shared budget. `timeout` (seconds) applies to HTTP only and defaults to ``REQUEST_TIMEOUT`` (3 s).
-    Every failure is an MmError whose text is sglang-mm's.
+    `policy` (None: sglang-mm's permissive behaviour) restricts URLs and local files
+    (mmworker.common.policy). Every failure is an MmError whose text is sglang-mm's.
     """
     if budget is None:
         budget = ByteBudget(MAX_FETCH_BYTES)
     if source.startswith(("http://", "https://")):
-        return http_get(source, budget, timeout_from_env() if timeout is None else timeout)
-    if source.startswith("file://"):
-        return read_bounded(source[len("file://") :], budget)
-    if source.startswith("/"):
-        return read_bounded(source, budget)
+        return http_get(source, budget, timeout_from_env() if timeout is None else timeout, policy)
+    if source.startswith(("file://", "/")):
+        path = source.removeprefix("file://")
+        if policy is not None:
+            resolved = policy.check_path(path)
+            return read_bounded(resolved, budget, what=path)
+        return read_bounded(path, budget)
     if source.startswith("data:"):
         return decode_base64_payload(data_url_payload(source), budget)
     return decode_base64_payload(source, budget)
 
 
-def read_bounded(path: str, budget: ByteBudget) -> bytes:
+def read_bounded(path: str, budget: ByteBudget, *, what: str | None = None) -> bytes:
     """Read the file at `path`: at most MAX_FETCH_BYTES, each chunk claimed from `budget` before the read.
 
     Regular files and character devices are read (``/dev/zero`` runs into the cap after 64 MiB + 1
     bytes). FIFOs and block devices are refused with "not a regular file", directories with EISDIR,
     and a Unix socket already fails to open (ENXIO), so nothing here can block or read without end.
-    The fd is closed on every path.
+    The fd is closed on every path. `what` names the file in messages (default: `path`); when it is
+    given, `path` is an already resolved path and a symlink swapped in at its end is not followed.
     """
+    shown = path if what is None else what
     if "\0" in path:  # Rust's wording; os.open would say "embedded null byte"
-        raise MmError(f"media fetch: {path}: file name contained an unexpected NUL byte")
+        raise MmError(f"media fetch: {shown}: file name contained an unexpected NUL byte")
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS | (os.O_NOFOLLOW if what is not None else 0))
     except OSError as e:
-        raise MmError(f"media fetch: {path}: {_os_error_text(e)}") from e
+        raise MmError(f"media fetch: {shown}: {_os_error_text(e)}") from e
     except ValueError as e:  # a path the filesystem encoding cannot represent (lone surrogates)
-        raise MmError(f"media fetch: {path}: {e}") from e
+        raise MmError(f"media fetch: {shown}: {e}") from e
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             # open(2) accepts a directory; Rust's read then fails with EISDIR, so report just that.
-            raise MmError(f"media fetch: {path}: {os.strerror(errno.EISDIR)} (os error {errno.EISDIR})")
+            raise MmError(f"media fetch: {shown}: {os.strerror(errno.EISDIR)} (os error {errno.EISDIR})")
         if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-            raise MmError(f"media fetch: {path}: not a regular file")
-        return _read_fd(fd, path, budget)
+            raise MmError(f"media fetch: {shown}: not a regular file")
+        return _read_fd(fd, shown, budget)
     finally:
         os.close(fd)
 

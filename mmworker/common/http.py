@@ -21,13 +21,19 @@ transfer code.
 import io
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import pycurl
 
 from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, ByteBudget
 from mmworker.common.noproxy import no_proxy_from_env, no_proxy_matches
 from mmworker.errors import MmError
+
+if TYPE_CHECKING:
+    from mmworker.common.policy import MediaPolicy
 
 DEFAULT_TIMEOUT_S = 3  # Python's `int(os.getenv("REQUEST_TIMEOUT", "3"))`, kept by sglang-mm
 MAX_REDIRECTS = 5  # ureq 2's default, which sglang-mm relies on
@@ -77,7 +83,7 @@ def proxy_for(url: str, environ: Mapping[str, str] | None = None) -> str:
     return ""
 
 
-def http_get(url: str, budget: ByteBudget, timeout_s: float) -> bytes:
+def http_get(url: str, budget: ByteBudget, timeout_s: float, policy: "MediaPolicy | None" = None) -> bytes:
     """GET `url` and return the decoded body, charging it to `budget` and capping it at MAX_FETCH_BYTES.
 
     On failure nothing stays claimed from `budget`. Errors (all MmError):
@@ -85,9 +91,10 @@ def http_get(url: str, budget: ByteBudget, timeout_s: float) -> bytes:
     timeout → "media fetch: GET {url}: timed out after {t} s ({curl message})";
     body too large → "media fetch: {url}: exceeds 67108864 bytes";
     budget exhausted → "media fetch: {url}: exceeds the request media byte budget";
-    anything else → "media fetch: GET {url}: {curl message} (curl error {code})".
+    anything else → "media fetch: GET {url}: {curl message} (curl error {code})";
+    refused by `policy` → "media fetch: GET {url}: {why}" (or the policy's own message for the first URL).
     """
-    transfer = Transfer(url, budget, timeout_s)
+    transfer = Transfer(url, budget, timeout_s, policy)
     try:
         transfer.curl.perform()
     except pycurl.error as err:
@@ -105,21 +112,31 @@ class Transfer:
     once (or `abandon`), which closes the handle and turns the outcome into bytes or an MmError.
     """
 
-    def __init__(self, url: str, budget: ByteBudget, timeout_s: float) -> None:
+    def __init__(self, url: str, budget: ByteBudget, timeout_s: float, policy: "MediaPolicy | None" = None) -> None:
         if not timeout_s >= 0:  # also rejects NaN
             raise MmError(f"media fetch: timeout must be a non-negative number of seconds, got {timeout_s}")
+        if policy is not None:
+            policy.check_url(url)
         self.url = url
+        self.policy = policy
+        self.refused: str | None = None  # why the policy stopped a connection, if it did
         self.sink = _BodySink(budget)
         self.timeout_ms = min(max(round(timeout_s * 1000), _MIN_TIMEOUT_MS), _MAX_TIMEOUT_MS)
+        self.proxy = proxy_for(url)
         curl = pycurl.Curl()
+        self.curl = curl
         try:
-            _apply_policy(curl)
+            _apply_policy(curl, policy)
+            if policy is not None:
+                self._current_url, self._status = url, 0
+                curl.setopt(pycurl.OPENSOCKETFUNCTION, self._open_socket)
+                curl.setopt(pycurl.HEADERFUNCTION, self._on_header)
             curl.setopt(pycurl.URL, url)
             curl.setopt(pycurl.NOSIGNAL, 1)  # no SIGALRM-based DNS timeouts: unsafe in threaded hosts
             curl.setopt(pycurl.TIMEOUT_MS, self.timeout_ms)
             # An explicit PROXY (even "") and an empty NOPROXY stop libcurl from consulting the environment
             # itself, so `proxy_for` is the only rule in force.
-            curl.setopt(pycurl.PROXY, proxy_for(url))
+            curl.setopt(pycurl.PROXY, self.proxy)
             curl.setopt(pycurl.NOPROXY, "")
             curl.setopt(pycurl.ACCEPT_ENCODING, "gzip")
             curl.setopt(pycurl.USERAGENT, "mmworker")
@@ -133,13 +150,41 @@ class Transfer:
         except BaseException:
             curl.close()
             raise
-        self.curl = curl
+
+    def _open_socket(self, purpose: int, address: tuple) -> socket.socket | int:
+        """libcurl asks for every socket it connects (each hop, each DNS answer): check the address first."""
+        family, socktype, protocol, sockaddr = address
+        if not self.proxy:  # through a proxy, the address is the operator's proxy, not the URL's host
+            why = self.policy.address_refusal(sockaddr[0])
+            if why is not None:
+                self.refused = why
+                return pycurl.SOCKET_BAD
+        return socket.socket(family, socktype, protocol)
+
+    def _on_header(self, line: bytes) -> int | None:
+        """Every response header line: a redirect's target must pass the scheme and domain rules before
+        libcurl follows it (returning 0 aborts the transfer)."""
+        text = line.decode("latin-1").strip()
+        if text.startswith("HTTP/"):
+            parts = text.split()
+            self._status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        elif 300 <= self._status < 400 and text.lower().startswith("location:"):
+            target = urllib.parse.urljoin(self._current_url, text.split(":", 1)[1].strip())
+            try:
+                self.policy.check_url(target)
+            except MmError as exc:
+                self.refused = f"redirect to {str(exc).removeprefix('media fetch: ')}"
+                return 0
+            self._current_url = target
+        return None
 
     def finish(self, err: pycurl.error | None) -> bytes:
         """The body, or the MmError for `err` (the transfer's libcurl error, None on success)."""
         try:
             if err is not None:
                 self.sink.discard()
+                if self.refused is not None:
+                    raise MmError(f"media fetch: GET {self.url}: refused by the media policy: {self.refused}") from err
                 raise _transfer_error(self.url, self.curl, err, self.sink, self.timeout_ms) from err
             if self.curl.getinfo(pycurl.RESPONSE_CODE) >= 400:  # FAILONERROR covers this; kept so the rule
                 self.sink.discard()  # does not hinge on a libcurl option
@@ -154,18 +199,21 @@ class Transfer:
         self.curl.close()
 
 
-def _apply_policy(curl: pycurl.Curl) -> None:
-    """Where a transfer may go: http/https only (for redirects too) and at most MAX_REDIRECTS hops.
+def _apply_policy(curl: pycurl.Curl, policy: "MediaPolicy | None") -> None:
+    """Where a transfer may go: http/https only (for redirects too) and a bounded number of hops.
 
     PROTOCOLS limits every hop, REDIR_PROTOCOLS says the same for redirects explicitly (libcurl's
     default redirect set includes ftp). Both are the bitmask options: pycurl 7.49 does not expose the
     *_STR variants (libcurl >= 7.85); the bitmask forms are deprecated but still honoured by libcurl 8.
+    A media policy narrows the schemes and the hop count; its address and domain checks are the
+    transfer's socket and pre-request callbacks.
     """
-    allowed = pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS
+    schemes = policy.schemes if policy is not None else ("http", "https")
+    allowed = (pycurl.PROTO_HTTP if "http" in schemes else 0) | (pycurl.PROTO_HTTPS if "https" in schemes else 0)
     curl.setopt(pycurl.PROTOCOLS, allowed)
     curl.setopt(pycurl.REDIR_PROTOCOLS, allowed)
     curl.setopt(pycurl.FOLLOWLOCATION, 1)
-    curl.setopt(pycurl.MAXREDIRS, MAX_REDIRECTS)
+    curl.setopt(pycurl.MAXREDIRS, policy.max_redirects if policy is not None else MAX_REDIRECTS)
 
 
 class _BodySink:

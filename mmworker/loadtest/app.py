@@ -140,8 +140,13 @@ def run(args: argparse.Namespace) -> int:
     server, base_url = _start_media_server(directory)
     reports = []
     try:
+        # The load test's own media server and corpus are the only private sources it allows.
+        media = dict(base_config.media or {})
+        media["allowed_networks"] = [*media.get("allowed_networks", []), "127.0.0.1/32"]
+        media["allowed_local_roots"] = [*media.get("allowed_local_roots", []), str(directory.resolve())]
         for count in counts:
-            config = PoolConfig.from_mapping({**vars(base_config), **({"workers": count} if count else {})})
+            overrides = {"media": media, **({"workers": count} if count else {})}
+            config = PoolConfig.from_mapping({**vars(base_config), **overrides})
             with WorkerPool(spec, config) as pool:
                 workers = len(pool.worker_pids())
                 workload = Workload(images, family.spec.image_token_id, images_per_request, kinds, args.bad_fraction,

@@ -162,6 +162,10 @@ class WorkerPool:
         elif isinstance(spec, str):
             spec = json.loads(spec)
         self.family = pipeline_from_spec(spec)  # a bad spec fails here, before any process starts
+        names = {"im_token_id": "image_token_id", "im_start_id": "vision_start_token_id",
+                 "im_end_id": "vision_end_token_id", "video_token_id": "video_token_id"}  # fmt: skip
+        self._token_ids = {key: getattr(self.family.spec, attr) for key, attr in names.items()
+                           if getattr(self.family.spec, attr, None) is not None}  # fmt: skip
         self._spec = dict(spec)
         self.config = PoolConfig.from_any(config)
         self.plan = self.config.plan()
@@ -222,7 +226,8 @@ class WorkerPool:
 
     def _start_io(self) -> None:
         args = {"endpoint": self._res.router.endpoint, "parent": os.getpid(), "cores": list(self.plan.io),
-                "concurrency": self.config.io_concurrency}  # fmt: skip
+                "concurrency": self.config.io_concurrency,
+                "media": self.config.media_policy().to_mapping()}  # fmt: skip
         self._io_ready = False
         self._io_proc = self._spawn("mmworker.pool.iostage", args, self.plan.io)
 
@@ -490,7 +495,7 @@ class WorkerPool:
             offsets=[(int(s), int(e)) for s, e in meta["offsets"]], items=items,
             positions=view("positions") if "positions" in done.tensors else None,
             delta=meta.get("delta"), busy_ms=done.busy_ms, queued_ms=(req.dispatched - req.submitted) * 1e3,
-            worker=slot.index, nbytes=held, _release=release,
+            worker=slot.index, nbytes=held, token_ids=self._token_ids, _release=release,
         )  # fmt: skip
 
     def _on_io(self, message, payload) -> None:

@@ -13,6 +13,13 @@ From a dict or a TOML file (every key optional):
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
     ordered = true            # poll() returns replies in submission order (false: completion order)
+
+    [media]                   # where images may come from (mmworker.common.policy); default: safe
+    allowed_domains = []      # empty: any domain
+    allow_private = false     # loopback, RFC 1918, link-local/metadata, CGNAT, ... refused
+    allowed_networks = []     # re-allowed despite that, e.g. ["127.0.0.1/32"] for a local media server
+    allowed_local_roots = []  # file paths accepted only under these directories (none by default)
+    max_redirects = 5
 """
 
 import os
@@ -22,6 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
 
 
@@ -89,6 +97,7 @@ class PoolConfig:
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
     ordered: bool = True
+    media: Mapping[str, Any] | None = None
 
     @classmethod
     def from_any(cls, config: "PoolConfig | Mapping[str, Any] | str | Path | None") -> "PoolConfig":
@@ -131,6 +140,10 @@ class PoolConfig:
         positive("io_concurrency", self.io_concurrency)
         if not isinstance(self.ordered, bool):
             raise MmError(f"pool config: ordered must be true or false, got {self.ordered!r}")
+        self.media_policy()  # raises on a bad [media] table
+
+    def media_policy(self) -> MediaPolicy:
+        return MediaPolicy.from_mapping(self.media)
 
     def plan(self, allowed: set[int] | None = None) -> CorePlan:
         """The core map, checked against this process's CPU affinity (or `allowed`)."""

@@ -8,10 +8,11 @@ slow host or a hung mount never occupies a CPU worker.
     C -> IO  Job(rid, args={"sources": [...], "budget": bytes allowed for these sources})
     IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason)
 
-Each request's sources share one ByteBudget (what the client could not already charge to raw
-bytes), each stream has the 64 MiB cap, REQUEST_TIMEOUT bounds each transfer (all inside
-mmworker.common.http / fetch). If several sources fail, the lowest index is reported, as the
-inline driver would.
+Every URL and path passes the pool's media policy (mmworker.common.policy: schemes, domains,
+resolved addresses on every connection, local roots). Each request's sources share one ByteBudget
+(what the client could not already charge to raw bytes), each stream has the 64 MiB cap,
+REQUEST_TIMEOUT bounds each transfer (all inside mmworker.common.http / fetch). If several sources
+fail, the lowest index is reported, as the inline driver would.
 """
 
 import collections
@@ -29,6 +30,7 @@ from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Stop
 from mmworker.common.budget import ByteBudget
 from mmworker.common.fetch import fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
+from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
 from mmworker.pool.protocol import IO_IDENTITY
 
@@ -57,6 +59,7 @@ class IoStage:
         self.active: dict[pycurl.Curl, tuple[_Request, int, Transfer]] = {}
         self.waiting: collections.deque[tuple[_Request, int, str]] = collections.deque()
         self.timeout_s = timeout_from_env()
+        self.policy = MediaPolicy.from_mapping(args.get("media"))
         self.stopping = False
         self.channel.send(Hello(WIRE_VERSION, -1, os.getpid(), -1, "", 0))
 
@@ -109,7 +112,7 @@ class IoStage:
     def _resolve_now(self, request: _Request, index: int, source: str) -> None:
         # Local files: a blocking read here, never on a CPU worker (bounded by the budget and the cap).
         try:
-            request.results[index] = fetch_bytes(source, request.budget)
+            request.results[index] = fetch_bytes(source, request.budget, policy=self.policy)
         except MmError as exc:
             request.errors[index] = str(exc)
         request.pending -= 1
@@ -122,7 +125,7 @@ class IoStage:
                 self._finish_if_done(request)
                 continue
             try:
-                transfer = Transfer(url, request.budget, self.timeout_s)
+                transfer = Transfer(url, request.budget, self.timeout_s, self.policy)
             except MmError as exc:
                 request.errors[index] = str(exc)
                 request.pending -= 1

@@ -39,6 +39,7 @@ class Reply:
     queued_ms: float = 0.0  # submit -> handed to a worker (waiting for I/O or an idle worker)
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released
+    token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ...
     _release: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
@@ -65,7 +66,8 @@ class Reply:
 def to_sglang(reply: Reply) -> dict[str, Any]:
     """SGLang's processor-output dict for an accepted reply, built from views (no copy, no torch).
 
-    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts; `mrope_positions` is the
+    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts; `im_token_id`, `im_start_id`,
+    `im_end_id`, `video_token_id` come from the spec (those it names); `mrope_positions` is the
     int64 [3, L] view and `mrope_position_delta` an int64 [[delta]] array (SGLang's scheduler-side
     code wraps them with torch.from_numpy, which is zero-copy too). Hashes are plain Python ints:
     SGLang calls `.to_bytes` on them.
@@ -84,7 +86,9 @@ def to_sglang(reply: Reply) -> dict[str, Any]:
                 "offsets": [(int(start), int(end))],
             }
         )
-    out: dict[str, Any] = {"input_ids": reply.input_ids, "mm_items": items}
+    # The token ids let SGLang's scheduler find and pad the image tokens (pad_mm_tokens skips a
+    # modality whose token id is unknown).
+    out: dict[str, Any] = {"input_ids": reply.input_ids, "mm_items": items, **reply.token_ids}
     if reply.positions is not None:
         out["mrope_positions"] = reply.positions
         out["mrope_position_delta"] = np.array([[reply.delta]], np.int64)

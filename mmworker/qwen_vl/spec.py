@@ -27,6 +27,11 @@ class QwenSpec:
     image_mean: tuple[float, float, float]  # float32 values
     image_std: tuple[float, float, float]
     resample: str = "aten_u8"
+    # Drain-side token ids (not used by preprocessing): SGLang's processor output carries them, and
+    # its scheduler pads the image tokens only when it knows them.
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
+    video_token_id: int | None = None
 
     @property
     def factor(self) -> int:
@@ -79,6 +84,12 @@ class QwenSpec:
         token = integer("image_token_id")
         if token < 0:
             raise MmError(f"qwen_vl spec: `image_token_id` must be non-negative, got {token}")
+        optional = {}
+        for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id"):
+            if spec.get(name) is not None:
+                optional[name] = integer(name)
+                if optional[name] < 0:
+                    raise MmError(f"qwen_vl spec: `{name}` must be non-negative, got {optional[name]}")
         return cls(
             image_token_id=token,
             patch_size=sizes[0],
@@ -89,6 +100,7 @@ class QwenSpec:
             image_mean=triple("image_mean"),
             image_std=std,
             resample=resample,
+            **optional,
         )
 
     def to_mapping(self) -> dict[str, Any]:
@@ -104,4 +116,9 @@ class QwenSpec:
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
             "resample": self.resample,
+            **{
+                name: getattr(self, name)
+                for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id")
+                if getattr(self, name) is not None
+            },
         }
