@@ -12,7 +12,9 @@ specific worker and are not dispatches. Every received header is decoded by `ipc
 malformed or hostile message is logged and dropped, never raised into the receive loop.
 
 Endpoints are ipc:// sockets inside a fresh 0700 directory (nobody else can connect); tcp:// is
-accepted for remote peers. All sockets close with linger 0, so `close()` never hangs on unsent data.
+accepted for remote peers only with CURVE keys (encrypted, and only peers that know the server's
+public key can connect; without keys a tcp:// endpoint is refused). All sockets close with linger
+0, so `close()` never hangs on unsent data.
 libzmq runs its own I/O and reaper threads in every process that uses it; they move bytes only.
 """
 
@@ -21,10 +23,11 @@ import os
 import shutil
 import tempfile
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import zmq
 
-from ipc.errors import ChannelClosed, WireError
+from ipc.errors import ChannelClosed, IpcError, WireError
 from ipc.wire import Message, decode, encode
 
 log = logging.getLogger(__name__)
@@ -64,12 +67,43 @@ def _configure(sock: zmq.Socket) -> zmq.Socket:
     return sock
 
 
+@dataclass(frozen=True)
+class CurveKeys:
+    """A CURVE key pair (Z85 bytes); a connecting side also names the server's public key."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes | None = None
+
+    @classmethod
+    def generate(cls, server_public: bytes | None = None) -> "CurveKeys":
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret, server_public)
+
+
+def _secure(sock: zmq.Socket, endpoint: str, keys: CurveKeys | None, *, server: bool) -> None:
+    if keys is None:
+        if endpoint.startswith("tcp://"):
+            raise IpcError(f"{endpoint}: tcp:// endpoints need CURVE keys (ipc:// ones are private by directory mode)")
+        return
+    if not zmq.has("curve"):
+        raise IpcError("this libzmq has no CURVE support")
+    sock.curve_publickey, sock.curve_secretkey = keys.public, keys.secret
+    if server:
+        sock.curve_server = True
+    else:
+        if keys.server_public is None:
+            raise IpcError(f"{endpoint}: a CURVE client needs the server's public key")
+        sock.curve_serverkey = keys.server_public
+
+
 class Router:
     """The client side: one bound ROUTER, the idle set, and checked receives."""
 
-    def __init__(self, context: zmq.Context, endpoint: str) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, curve: CurveKeys | None = None) -> None:
         self.sock = _configure(context.socket(zmq.ROUTER))
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, never drops
+        _secure(self.sock, endpoint, curve, server=True)
         self.sock.bind(endpoint)
         self.endpoint = endpoint
         self._idle: OrderedDict[bytes, None] = OrderedDict()
@@ -135,9 +169,10 @@ class Router:
 class Dealer:
     """A worker's side: one DEALER with a fixed identity, connected to the client's Router."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, identity: bytes) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None) -> None:
         self.sock = _configure(context.socket(zmq.DEALER))
         self.sock.setsockopt(zmq.IDENTITY, identity)
+        _secure(self.sock, endpoint, curve, server=False)
         self.sock.connect(endpoint)
         self.rejected = 0
 

@@ -16,6 +16,9 @@ Why each one (measurements.md §6):
 import os
 import sys
 
+# Modules whose classes numba's on-disk cache unpickles when it loads a compiled kernel.
+_CACHE_UNPICKLES = ("numba", "llvmlite", "copyreg", "builtins")
+
 TUNED_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
     "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
@@ -46,3 +49,21 @@ def reexec_tuned() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], tuned_environ())
+
+
+def install_pickle_tripwire(report_path: str) -> None:
+    """Record (in `report_path`) any unpickling of a class from outside numba's kernel cache.
+
+    Nothing mmworker receives is ever unpickled; this proves it at run time: an audit hook sees
+    every `pickle.find_class`, and anything but numba loading its own cached kernels is written to
+    `report_path` (tests read it) and to stderr. It never raises: the hook is a tripwire, not a fix.
+    """
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "pickle.find_class" and not str(args[0]).startswith(_CACHE_UNPICKLES):
+            line = f"pid {os.getpid()}: unpickling {args[0]}.{args[1]}\n"
+            sys.stderr.write("mmworker tripwire: " + line)
+            with open(report_path, "a") as f:
+                f.write(line)
+
+    sys.addaudithook(hook)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from mmworker import MmError
 from mmworker.common import image_decode_rgb
-from mmworker.common.decode import MAX_IMAGE_PIXELS, decode_image
+from mmworker.common.decode import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, decode_image
 
 CASES = load_golden("decode_cases.json")["cases"]
 
@@ -78,9 +78,16 @@ def test_huge_claimed_size_is_refused_from_the_header():
     # any pixel buffer exists: peak RSS must not move by more than a few MB.
     data = png_claiming(40000, 40000, zlib.compress(bytes(50_000)))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(MmError, match="image too large"):
+    with pytest.raises(MmError, match="40000x40000 image has 1600000000 pixels, above the limit of 178956970"):
         image_decode_rgb(data)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 20_000  # KiB
+
+
+@pytest.mark.parametrize(("w", "h"), [(70000, 10), (10, 70000)])
+def test_side_limit(w, h):
+    with pytest.raises(MmError, match=f"{w}x{h} image exceeds the side limit of 65535"):
+        image_decode_rgb(png_claiming(w, h, zlib.compress(bytes(100))))
+    assert MAX_IMAGE_SIDE == 65535
 
 
 def test_pixel_limit_is_checked_before_decoding():

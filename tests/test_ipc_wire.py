@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import zmq
 
-from ipc.channels import Dealer, Router, RuntimeDir, new_context
-from ipc.errors import WireError
+from ipc.channels import CurveKeys, Dealer, Router, RuntimeDir, new_context
+from ipc.errors import IpcError, WireError
 from ipc.wire import (
     MAX_HEADER_BYTES,
     WIRE_VERSION,
@@ -182,3 +182,28 @@ def test_close_does_not_hang_with_unsent_data(channel):
     d.close()
     assert time.monotonic() - t0 < 1.0
     assert threading.active_count() >= 1
+
+
+def test_tcp_needs_curve_keys_and_curve_works():
+    ctx = new_context()
+    try:
+        with pytest.raises(IpcError, match="tcp:// endpoints need CURVE keys"):
+            Router(ctx, "tcp://127.0.0.1:0")
+        with pytest.raises(IpcError, match="tcp:// endpoints need CURVE keys"):
+            Dealer(ctx, "tcp://127.0.0.1:5", b"w0")
+        server_keys = CurveKeys.generate()
+        router = Router(ctx, "tcp://127.0.0.1:*", server_keys)
+        endpoint = router.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        good = Dealer(ctx, endpoint, b"good", CurveKeys.generate(server_public=server_keys.public))
+        wrong = Dealer(ctx, endpoint, b"wrong", CurveKeys.generate(server_public=CurveKeys.generate().public))
+        wrong.send(Stop())  # handshake against the wrong server key fails: never delivered
+        good.send(Stop())
+        peer, msg, _ = recv_until(router, lambda g: True)
+        assert peer == b"good" and msg == Stop()
+        time.sleep(0.3)
+        router.poll(100)
+        assert router.recv() is None
+        for sock in (good, wrong, router):
+            sock.close()
+    finally:
+        ctx.term()

@@ -26,6 +26,9 @@ from mmworker.errors import MmError
 # above any model's max_pixels (Qwen: 12.8 MP), yet a hostile header cannot make us allocate
 # more than ~700 MB of RGBX before it is refused.
 MAX_IMAGE_PIXELS = 178_956_970
+# Longest side accepted (JPEG's own format limit). Together with the pixel limit it stops shapes
+# like 1 x 100,000,000 that no model accepts (Qwen refuses aspect ratios > 200) before they decode.
+MAX_IMAGE_SIDE = 65535
 
 # Pillow plugin names of the formats we accept, keyed by how their files begin.
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -83,6 +86,13 @@ def _check_png_bit_depth(data: bytes | memoryview) -> None:
         raise MmError(f"image decode: unsupported color {_PNG_16BIT_NAMES.get(data[25], 'L16')}")
 
 
+def _check_dimensions(w: int, h: int, max_pixels: int) -> None:
+    if max(w, h) > MAX_IMAGE_SIDE:
+        raise MmError(f"image decode: {w}x{h} image exceeds the side limit of {MAX_IMAGE_SIDE}")
+    if w * h > max_pixels:
+        raise MmError(f"image decode: {w}x{h} image has {w * h} pixels, above the limit of {max_pixels}")
+
+
 def _pil_error(exc: BaseException) -> MmError:
     # Pillow sometimes puts object reprs (heap addresses) in messages; never pass those on.
     text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
@@ -108,9 +118,11 @@ def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
         raise _pil_error(exc) from exc
     w, h = image.size
-    if w * h > max_pixels:
+    try:
+        _check_dimensions(w, h, max_pixels)
+    except MmError:
         image.close()
-        raise MmError(f"image decode: {w}x{h} image has {w * h} pixels, above the limit of {max_pixels}")
+        raise
     if w == 0 or h == 0:
         image.close()
         raise MmError(f"image decode: empty {w}x{h} image")
@@ -126,6 +138,8 @@ def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -
     fmt = sniff_format(data)
     if fmt == "PNG":
         _check_png_bit_depth(data)
+        if len(data) >= 24:  # IHDR width and height, before anything is inflated
+            _check_dimensions(int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"), max_pixels)
         fast = decode_png(data, max_pixels)
         if fast is not None:
             return fast

@@ -187,6 +187,9 @@ class WorkerPool:
         self._peak_held_bytes = 0
         try:
             self._start()
+        except IpcError as exc:  # e.g. /dev/shm too small for the rings: a start-up failure, said clearly
+            self.close()
+            raise MmError(f"pool start-up: {exc}") from exc
         except BaseException:
             self.close()
             raise
@@ -238,7 +241,8 @@ class WorkerPool:
         slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
         self._res.segments.append(slot.segment)
         args = {"endpoint": self._res.router.endpoint, "worker": slot.index, "incarnation": slot.incarnation,
-                "ring": slot.segment.name, "core": slot.core, "spec": self._spec, "parent": os.getpid()}  # fmt: skip
+                "ring": slot.segment.name, "core": slot.core, "spec": self._spec, "parent": os.getpid(),
+                "image_cpu_s": self.config.image_cpu_s}  # fmt: skip
         slot.started = time.monotonic()
         slot.proc = self._spawn("mmworker.pool.worker", args, [slot.core] if slot.core is not None else None)
 

@@ -10,6 +10,7 @@ From a dict or a TOML file (every key optional):
     ring_mib = 256            # shared-memory ring per worker (features of in-flight + unreleased replies)
     queue_depth = 256         # requests in flight (queued + fetching + running + unread); beyond: "queue full"
     deadline_s = 60           # per request, from dispatch to a worker; past it: "deadline exceeded"
+    image_cpu_s = 30          # CPU seconds per image a worker may spend on a request (then it rejects it)
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
     ordered = true            # poll() returns replies in submission order (false: completion order)
@@ -94,6 +95,7 @@ class PoolConfig:
     ring_mib: int = 256
     queue_depth: int = 256
     deadline_s: float = 60.0
+    image_cpu_s: float = 30.0
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
     ordered: bool = True
@@ -136,6 +138,7 @@ class PoolConfig:
         positive("ring_mib", self.ring_mib)
         positive("queue_depth", self.queue_depth)
         positive("deadline_s", self.deadline_s, float)
+        positive("image_cpu_s", self.image_cpu_s, float)
         positive("start_timeout_s", self.start_timeout_s, float)
         positive("io_concurrency", self.io_concurrency)
         if not isinstance(self.ordered, bool):

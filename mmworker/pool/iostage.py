@@ -33,6 +33,7 @@ from mmworker.common.http import Transfer, timeout_from_env
 from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
 from mmworker.pool.protocol import IO_IDENTITY
+from mmworker.runtime import install_pickle_tripwire
 
 log = logging.getLogger("mmworker.io")
 
@@ -181,6 +182,8 @@ def main(argv: list[str]) -> int:
         os.sched_setaffinity(0, set(args["cores"]))
     logging.basicConfig(level=logging.WARNING, format="[mmworker io] %(message)s")
     stage = IoStage(args)
+    if os.environ.get("MMWORKER_PICKLE_TRIPWIRE"):
+        install_pickle_tripwire(os.environ["MMWORKER_PICKLE_TRIPWIRE"])
     try:
         stage.serve()
     finally:

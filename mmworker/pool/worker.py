@@ -21,6 +21,7 @@ adds its own I/O and reaper threads to the process; they only move bytes.
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -39,6 +40,7 @@ from mmworker.errors import MmError
 from mmworker.pipeline import MRope
 from mmworker.pool.protocol import KIND_BYTES
 from mmworker.registry import pipeline_from_spec
+from mmworker.runtime import install_pickle_tripwire
 
 log = logging.getLogger("mmworker.worker")
 
@@ -49,6 +51,7 @@ class Worker:
     def __init__(self, args: dict) -> None:
         self.started = time.monotonic()
         self.id = int(args["worker"])
+        self.image_cpu_s = float(args.get("image_cpu_s", 30.0))
         self.family = pipeline_from_spec(args["spec"])
         self._warm_up()
         self.segment = Segment.attach(args["ring"], writable=True)
@@ -102,6 +105,10 @@ class Worker:
             allocations.append((array, allocation))
             return array
 
+        # CPU budget: SIGVTALRM after image_cpu_s of CPU per image. The handler raises between
+        # bytecodes, so a long C call finishes first; the pool's wall-clock deadline covers hangs.
+        budget = self.image_cpu_s * max(1, len(payload) - 1)
+        signal.setitimer(signal.ITIMER_VIRTUAL, budget)
         try:
             ids = np.frombuffer(payload[0].buffer, dtype="<i8")
             kinds = job.args.get("kinds", "")
@@ -130,6 +137,8 @@ class Worker:
             self._free(allocations)
             traceback.print_exc(file=sys.stderr)
             self.channel.send(Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}"))
+        finally:
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
 
     def _store(self, array: np.ndarray, alloc, allocations) -> TensorDesc:
         target = alloc(array.shape, array.dtype)
@@ -155,13 +164,20 @@ class Worker:
         self.segment.close()
 
 
+def _cpu_budget_exceeded(signum: int, frame: object) -> None:
+    raise MmError("exceeded the CPU budget (image_cpu_s per image)")
+
+
 def main(argv: list[str]) -> int:
     args = json.loads(argv[1])
+    signal.signal(signal.SIGVTALRM, _cpu_budget_exceeded)
     die_with_parent(int(args["parent"]))
     if args.get("core") is not None:
         os.sched_setaffinity(0, {int(args["core"])})
     logging.basicConfig(level=logging.WARNING, format=f"[mmworker worker {args['worker']}] %(message)s")
     worker = Worker(args)
+    if os.environ.get("MMWORKER_PICKLE_TRIPWIRE"):
+        install_pickle_tripwire(os.environ["MMWORKER_PICKLE_TRIPWIRE"])
     try:
         worker.serve()
     finally:

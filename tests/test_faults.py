@@ -1,0 +1,177 @@
+"""Fault survival through real processes: killed workers, a killed I/O process, a killed client,
+a /dev/shm too small, a CPU budget, and proof that nothing received is ever unpickled."""
+
+import gc
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from httpserver import MediaServer
+
+from ipc.segment import SHM_DIR, free_bytes
+from mmworker import MmError, WorkerPool
+from mmworker.corpus import encode, photo_like
+from mmworker.registry import named_spec
+
+P = 151655
+SPEC = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def segments_of(pid: int) -> list[str]:
+    return [e for e in os.listdir(SHM_DIR) if e.startswith(f"mmw-{pid}-")]
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture(scope="module")
+def jpeg():
+    return encode(photo_like(640, 480, seed=5), "JPEG")
+
+
+def drain(pool, n, timeout=120.0):
+    replies, deadline = [], time.monotonic() + timeout
+    while len(replies) < n and time.monotonic() < deadline:
+        for reply in pool.poll(0.2):
+            replies.append(reply)
+            reply.release()
+    return replies
+
+
+def test_sigkill_of_random_workers_under_load(jpeg):
+    rng = random.Random(3)
+    with WorkerPool(SPEC, {"workers": 2, "ring_mib": 128}) as pool:
+        rids = [pool.submit([P], [jpeg]) for _ in range(60)]
+        replies, killed = [], 0
+        deadline = time.monotonic() + 120
+        while len(replies) < len(rids) and time.monotonic() < deadline:
+            if killed < 4 and rng.random() < 0.2:
+                os.kill(rng.choice(pool.worker_pids()), signal.SIGKILL)
+                killed += 1
+            for reply in pool.poll(0.05):
+                replies.append(reply)
+                reply.release()
+        answered = [r.request_id for r in replies]
+        assert sorted(answered) == sorted(rids) and len(set(answered)) == len(answered)  # each exactly once
+        errors = {r.error for r in replies if not r.ok}
+        assert all(e.startswith("worker crashed") for e in errors), errors
+        assert sum(r.ok for r in replies) >= len(rids) - killed
+        deadline = time.monotonic() + 30  # back to full strength
+        while pool.stats().workers_ready < 2 and time.monotonic() < deadline:
+            pool.poll(0.1)
+        assert pool.stats().workers_ready == 2 and pool.stats().restarts >= killed
+        assert pool.process([P], [jpeg]).ok
+    gc.collect()
+    assert segments_of(os.getpid()) == []
+
+
+def test_sigkill_of_the_io_process(jpeg):
+    media = {"allowed_networks": ["127.0.0.1/32"]}
+    server = MediaServer()
+    try:
+        url = server.put("a.jpg", jpeg)
+        with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "media": media}) as pool:
+            slow = pool.submit([P], [server.url("/slow/30")])  # held in the I/O process
+            time.sleep(0.3)
+            os.kill(pool.io_pid(), signal.SIGKILL)
+            [reply] = drain(pool, 1, timeout=20)
+            assert reply.request_id == slow and reply.error.startswith("I/O process crashed")
+            deadline = time.monotonic() + 20
+            after = None
+            while time.monotonic() < deadline:  # the replacement comes up; URL requests work again
+                after = pool.process([P], [url])
+                if after.ok:
+                    break
+            assert after is not None and after.ok, after.error
+            after.release()
+    finally:
+        server.stop()
+
+
+def test_sigkill_of_the_client_takes_workers_and_memory_with_it():
+    client = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "pool_client.py")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pids = [int(p) for p in client.stdout.readline().split()]
+        time.sleep(1.0)  # requests in flight
+        client.send_signal(signal.SIGKILL)
+        client.wait(10)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0 and not all(gone(p) for p in pids):
+            time.sleep(0.02)
+        assert all(gone(p) for p in pids), "workers outlived their client by more than 2 s"
+        assert segments_of(client.pid) == []
+    finally:
+        if client.poll() is None:
+            client.kill()
+        client.stdout.close()
+
+
+def test_dev_shm_too_small_is_a_clear_start_up_error():
+    ring_mib = (free_bytes() >> 20) + 1024
+    t0 = time.monotonic()
+    with pytest.raises(MmError, match=r"pool start-up: shared memory: /dev/shm cannot hold a \d+-byte segment"):
+        WorkerPool(SPEC, {"workers": 1, "ring_mib": ring_mib})
+    assert time.monotonic() - t0 < 10
+    gc.collect()
+    assert segments_of(os.getpid()) == []
+
+
+def test_cpu_budget_rejects_without_restarting(jpeg):
+    big = encode(photo_like(1920, 1080, seed=1), "PNG")
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "image_cpu_s": 0.001}) as pool:
+        [pid] = pool.worker_pids()
+        reply = pool.process([P], [big])
+        assert not reply.ok and reply.error == "image 0: exceeded the CPU budget (image_cpu_s per image)"
+        assert pool.worker_pids() == [pid] and pool.stats().restarts == 0
+
+
+def test_nothing_received_is_ever_unpickled(jpeg, monkeypatch):
+    report = Path(tempfile.mkdtemp()) / "tripwire.log"
+    monkeypatch.setenv("MMWORKER_PICKLE_TRIPWIRE", str(report))
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
+        # A rogue peer that found the socket sends pickles (one that would run a command).
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch /tmp/mmworker-pwned",))
+
+        ctx = zmq.Context()
+        rogue = ctx.socket(zmq.DEALER)
+        rogue.setsockopt(zmq.LINGER, 2000)  # deliver before closing
+        rogue.connect(pool._res.router.endpoint)
+        for payload in (pickle.dumps(Evil()), pickle.dumps({"rid": 1}), b"\x80\x04K\x01."):
+            rogue.send_multipart([payload, payload])
+        rogue.close()
+        deadline = time.monotonic() + 5
+        while pool._res.router.rejected < 3 and time.monotonic() < deadline:
+            pool.poll(0.05)
+        ctx.term()
+        # And ordinary work with pickle-shaped image bytes (the payload travels, it is not parsed).
+        reply = pool.process([P], [pickle.dumps(Evil())])
+        assert not reply.ok and "image decode" in reply.error
+        assert pool.process([P], [jpeg]).ok
+        assert pool._res.router.rejected == 3
+    assert not report.exists(), report.read_text()
+    assert not os.path.exists("/tmp/mmworker-pwned")
+
+
+def test_no_pickle_in_the_source_tree():
+    pattern = re.compile(r"^\s*(import pickle|from pickle|import cloudpickle)|pickle\.(loads|load|dumps|dump)\(", re.M)
+    offenders = [str(p) for d in ("mmworker", "ipc") for p in (ROOT / d).rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
