@@ -3,6 +3,7 @@
 import hashlib
 import io
 import os
+import re
 import resource
 import struct
 import zlib
@@ -189,7 +190,7 @@ def test_mutated_images_decode_or_fail_cleanly(name, data):
     try:
         h, w, rgb = image_decode_rgb(bytes(raw[:cut]))
     except MmError as exc:
-        assert str(exc).startswith("image decode: ") and "0x" not in str(exc)
+        assert str(exc).startswith("image decode: ") and not re.search(r"at 0x[0-9a-fA-F]", str(exc))
     else:
         assert rgb.shape == (h, w, 3)
 
