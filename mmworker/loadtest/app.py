@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pool.add_argument("--config", help="pool configuration TOML (workers, cores, rings, ...)")
     pool.add_argument("--workers", type=int, help="worker count (overrides --config)")
     pool.add_argument("--sweep-workers", help="comma-separated worker counts: one run each, then the knee")
+    pool.add_argument("--kill-worker-every", type=float, help="chaos: SIGKILL a random worker every N seconds")
     out = p.add_argument_group("output")
     out.add_argument(
         "--verify", type=int, default=20, help="re-run K sampled accepted requests in process (default 20)"
@@ -63,7 +64,7 @@ def _check(args: argparse.Namespace) -> None:
         raise MmError("loadtest: --duration and --requests are exclusive")
     if args.concurrency is not None and args.rate is not None:
         raise MmError("loadtest: --concurrency (closed loop) and --rate (open loop) are exclusive")
-    for name in ("duration", "rate"):
+    for name in ("duration", "rate", "kill_worker_every"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise MmError(f"loadtest: --{name} must be positive, got {value}")
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
                 runner = Runner(pool, workload, verify=args.verify, seed=args.seed, corrupt_sample=args.corrupt_sample)
                 concurrency = None if args.rate else (args.concurrency or 2 * workers)
                 result = runner.run(concurrency=concurrency, rate=args.rate, duration=duration, requests=args.requests,
-                                    warmup_s=args.warmup, progress=not args.no_progress)  # fmt: skip
+                                    warmup_s=args.warmup, progress=not args.no_progress,
+                                    kill_every=args.kill_worker_every)  # fmt: skip
                 stats, pids = pool.stats(), pool.worker_pids()
             mismatches = _verify(result, family)
             measured = [r for r in result.records if r.answers and r.ok and not r.warmup]

@@ -9,10 +9,12 @@ JSON schema (version 1), all times in ms unless named *_s:
     throughput {requests_per_s, images_per_s}
     latency_ms {mean, p50, p90, p99, p99.9, max}
     workers [{index, pid, cpu_utilisation, requests, images}]
-    client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb}
+    client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb (private), peak_rss_incl_shared_mb}
     shm {ring_mib, peak_held_mb}
     rejects_by_reason {reason: count}
     verify {checked, mismatches}
+    restarts, chaos_kills
+    rss_mb {samples [[s, MB]], peak, and for runs >= 3 min: second_minute_mean, last_minute_mean, growth_pct}
     inline (with --compare-inline) {requests, requests_per_s, pool_speedup}
     ok, failures [...]
 """
@@ -138,18 +140,39 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
         "client": {
             "cpu_utilisation": result.cpu_s / wall,
             "cpu_ms_per_request": result.cpu_s / max(1, len(answered)) * 1e3,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            # Private memory (RssAnon); ru_maxrss would also count the mapped rings' shared pages.
+            "peak_rss_mb": max((c for _, c, _ in result.rss), default=0.0),
+            "peak_rss_incl_shared_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         },
         "shm": {"ring_mib": ring_mib, "peak_held_mb": pool_stats.shm_peak_held_bytes / 2**20},
         "rejects_by_reason": dict(Counter(reason_of(r.error or "") for r in answered if not r.ok).most_common()),
         "verify": {"checked": len(result.verify), "mismatches": len(mismatches)},
         "restarts": pool_stats.restarts,
+        "chaos_kills": result.kills,
+        "rss_mb": _rss_summary(result),
         "ok": not failures,
         "failures": failures,
     }
     if inline is not None:
         report["inline"] = inline
     return report
+
+
+def _rss_summary(result: RunResult) -> dict:
+    """Client + worker private RSS (RssAnon) over the run; growth compares the second minute with the last."""
+    samples = [(t, c + w) for t, c, w in result.rss]
+    out: dict = {
+        "samples": [[round(t, 1), round(m, 1)] for t, m in samples],
+        "peak": max((m for _, m in samples), default=0),
+    }
+    end = samples[-1][0] if samples else 0
+    if end >= 180:
+        second = [m for t, m in samples if 60 <= t < 120]
+        last = [m for t, m in samples if t >= end - 60]
+        out["second_minute_mean"] = sum(second) / len(second)
+        out["last_minute_mean"] = sum(last) / len(last)
+        out["growth_pct"] = (out["last_minute_mean"] / out["second_minute_mean"] - 1) * 100
+    return out
 
 
 def print_report(report: dict) -> None:
@@ -176,12 +199,17 @@ def print_report(report: dict) -> None:
                                               f"{w['images']} images")  # fmt: skip
     c = report["client"]
     table.add_row("client", f"CPU {c['cpu_utilisation'] * 100:.0f}% ({c['cpu_ms_per_request']:.2f} ms/request), "
-                            f"peak RSS {c['peak_rss_mb']:.0f} MB")  # fmt: skip
+                            f"peak private RSS {c['peak_rss_mb']:.0f} MB")  # fmt: skip
     table.add_row("shared memory", f"peak {report['shm']['peak_held_mb']:.1f} MB held by unreleased replies "
                                    f"(rings {report['shm']['ring_mib']} MiB per worker)")  # fmt: skip
     rejects = ", ".join(f"{k}: {v}" for k, v in report["rejects_by_reason"].items()) or "none"
     table.add_row("rejects by reason", rejects)
-    table.add_row("restarts", str(report["restarts"]))
+    restarts = f"{report['restarts']}" + (f" ({report['chaos_kills']} workers killed on purpose)"
+                                          if report["chaos_kills"] else "")  # fmt: skip
+    table.add_row("restarts", restarts)
+    rss = report["rss_mb"]
+    growth = f", growth {rss['growth_pct']:+.1f}% (minute 2 -> last minute)" if "growth_pct" in rss else ""
+    table.add_row("memory", f"peak {rss['peak']:.0f} MB private RSS, client + workers{growth}")
     if "inline" in report:
         i = report["inline"]
         table.add_row("vs inline", f"{i['requests_per_s']:.1f} requests/s on one core in process: "

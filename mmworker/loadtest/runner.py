@@ -44,6 +44,8 @@ class RunResult:
     duplicates: int = 0
     cpu_s: float = 0.0
     worker_cpu_s: dict[int, float] = field(default_factory=dict)
+    rss: list[tuple[float, float, float]] = field(default_factory=list)  # (s, client MB, workers MB), private
+    kills: int = 0
 
 
 def digest_parts(input_ids, offsets, positions, delta, items, corrupt: bool = False) -> str:
@@ -73,6 +75,19 @@ def digest_parts(input_ids, offsets, positions, delta, items, corrupt: bool = Fa
 
 def reply_digest(reply: Reply, corrupt: bool = False) -> str:
     return digest_parts(reply.input_ids, reply.offsets, reply.positions, reply.delta, reply.items, corrupt)
+
+
+def _private_mb(pid: int) -> float:
+    """RssAnon: a process's private memory (the rings' shared pages would otherwise count in every
+    process that maps them, and say nothing about leaks)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0.0
 
 
 def _cpu_of(pid: int) -> float:
@@ -173,17 +188,22 @@ class Runner:
             reply.release()
 
     def run(self, *, concurrency: int | None, rate: float | None, duration: float | None, requests: int | None,
-            warmup_s: float, progress: bool) -> RunResult:  # fmt: skip
+            warmup_s: float, progress: bool, kill_every: float | None = None) -> RunResult:  # fmt: skip
         stream = iter(self.workload)
         cpu0 = time.process_time()
-        pids = {k: pid for k, pid in enumerate(self.pool.worker_pids())}
-        wcpu0 = {k: _cpu_of(pid) for k, pid in pids.items()}
+        # Worker CPU per slot, summed over restarts: (slot, CPU at first sight, CPU at last sight) per pid.
+        seen: dict[int, list] = {pid: [k, _cpu_of(pid), 0.0] for k, pid in enumerate(self.pool.worker_pids())}
         self.started = time.monotonic()
         measured_from = self.started + warmup_s
         display = Progress(progress)
         arrivals = random.Random(7)
         next_arrival = self.started
         submitted = 0
+        rss: list[tuple[float, float, float]] = []
+        next_sample = self.started
+        next_kill = self.started + warmup_s + kill_every if kill_every else float("inf")
+        kills = 0
+        chaos = random.Random(11)
 
         def more() -> bool:
             now = time.monotonic()
@@ -209,10 +229,25 @@ class Runner:
                 wait = 0.05 if rate is None else max(0.0, min(next_arrival - time.monotonic(), 0.05))
                 for reply in self.pool.poll(wait):
                     self._on_reply(reply, time.monotonic())
-                display.update(time.monotonic(), self)
+                now = time.monotonic()
+                display.update(now, self)
+                if now >= next_sample:  # memory and CPU of the whole pool, once a second
+                    pids = self.pool.worker_pids()
+                    for k, pid in enumerate(pids):
+                        seen.setdefault(pid, [k, 0.0, 0.0])[2] = _cpu_of(pid)
+                    rss.append((now - self.started, _private_mb(os.getpid()), sum(_private_mb(p) for p in pids)))
+                    next_sample = now + 1.0
+                if now >= next_kill and more():  # chaos: a worker dies, the pool must absorb it
+                    os.kill(chaos.choice(self.pool.worker_pids()), 9)
+                    kills += 1
+                    next_kill = now + kill_every
         finally:
             display.close()
         ended = time.monotonic()
-        wcpu = {k: _cpu_of(pid) - wcpu0[k] for k, pid in pids.items()}
+        for k, pid in enumerate(self.pool.worker_pids()):
+            seen.setdefault(pid, [k, 0.0, 0.0])[2] = _cpu_of(pid)
+        wcpu: dict[int, float] = {}
+        for slot, first, last in seen.values():
+            wcpu[slot] = wcpu.get(slot, 0.0) + max(0.0, last - first)
         return RunResult(self.records, self.started, ended, measured_from, dict(self.sample), self.duplicates,
-                         time.process_time() - cpu0, wcpu)  # fmt: skip
+                         time.process_time() - cpu0, wcpu, rss, kills)  # fmt: skip
