@@ -10,47 +10,15 @@ when scripts/get_reference_ext.sh has not fetched it).
 """
 
 import argparse
-import importlib
 import io
 import os
 import statistics
 import sys
-import time
 import zlib
 from functools import partial
-from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-REF_EXT = ROOT / ".cache" / "ref_ext"
-
-
-def load_rust():
-    if not REF_EXT.is_dir():
-        return None
-    os.environ["SGL_MM_RS_THREADS"] = "1"  # read when the extension builds its pool
-    sys.path.insert(0, str(REF_EXT))
-    try:
-        return importlib.import_module("_multimodal")
-    except ImportError as exc:
-        print(f"(Rust extension not importable: {exc})")
-        return None
-    finally:
-        sys.path.remove(str(REF_EXT))
-
-
-def timed_runs(fn, budget_s: float, min_runs: int = 3) -> list[float]:
-    fn()  # warm-up
-    runs = []
-    deadline = time.perf_counter() + budget_s
-    while len(runs) < min_runs or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-        if len(runs) >= 200:
-            break
-    return runs
+from yardstick import load_reference_extension, median_seconds
 
 
 def measure(fns: dict, rounds: int, budget_s: float) -> dict:
@@ -58,7 +26,7 @@ def measure(fns: dict, rounds: int, budget_s: float) -> dict:
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            samples[name].append(statistics.median(timed_runs(fn, budget_s)))
+            samples[name].append(median_seconds(fn, budget_s))
     return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
 
 
@@ -129,7 +97,7 @@ def main() -> int:
     from mmworker.common import png
     from mmworker.common.decode import MAX_IMAGE_PIXELS
 
-    rust = load_rust()
+    rust = load_reference_extension()
 
     def pillow(data: bytes) -> np.ndarray:
         return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))

@@ -14,7 +14,6 @@ Also: the floor (decode alone + one write of the output) and peak RSS per image 
 """
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -22,14 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
+from yardstick import load_reference_extension, median_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
-REF_EXT = ROOT / ".cache" / "ref_ext"
 REF_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
 CASES = [
     ("640x480", "JPEG"),
@@ -87,30 +85,6 @@ print(status("VmHWM:") - before, pv.nbytes)
 """
 
 
-def timed(fn, budget_s: float) -> float:
-    fn()
-    runs = []
-    deadline = time.perf_counter() + budget_s
-    while len(runs) < 3 or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
-
-
-def load_rust():
-    if not REF_EXT.is_dir():
-        return None
-    os.environ["SGL_MM_RS_THREADS"] = "1"
-    sys.path.insert(0, str(REF_EXT))
-    try:
-        return importlib.import_module("_multimodal")
-    except ImportError:
-        return None
-    finally:
-        sys.path.remove(str(REF_EXT))
-
-
 def load_hf_pil(spec: dict):
     try:
         from transformers import Qwen2VLImageProcessorPil
@@ -149,7 +123,7 @@ def main() -> int:
     spec = named_spec(SPEC_NAME)
     spec["max_pixels"] = MAX_PIXELS
     specs = {mode: {**spec, "resample": mode} for mode in ("aten_u8", "pil")}
-    rust = load_rust()
+    rust = load_reference_extension()
     hf_pil = load_hf_pil(spec)
     tmp = Path(tempfile.mkdtemp(prefix="mmworker-bench-"))
     images = {}
@@ -180,7 +154,7 @@ def main() -> int:
         samples = {name: [] for name in impls}
         for _ in range(args.rounds):
             for name, fn in impls.items():
-                samples[name].append(timed(fn, args.budget) * 1e3)
+                samples[name].append(median_seconds(fn, args.budget) * 1e3)
         rows[key] = {name: statistics.median(v) for name, v in samples.items()}
         rows[key]["output MB"] = pv.nbytes / 1e6
         print(f"measured {key[0]} {key[1]}", file=sys.stderr)

@@ -8,18 +8,15 @@ is a yardstick only and its column is skipped when it is absent.
 """
 
 import argparse
-import importlib
 import json
 import os
 import platform
 import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-REF_EXT = ROOT / ".cache" / "ref_ext"
+from yardstick import load_reference_extension, median_seconds
 
 # Qwen2-VL smart_resize targets (factor 28, min 3136, max 1003520) of each source size: the
 # resizes the preprocessing really does (measurements.md §7.1).
@@ -37,41 +34,14 @@ TARGETS = [  # (operation, case, minimum speed-up over the Rust extension)
 ]
 
 
-def load_rust():
-    if not REF_EXT.is_dir():
-        return None
-    os.environ["SGL_MM_RS_THREADS"] = "1"  # read when the extension builds its pool
-    sys.path.insert(0, str(REF_EXT))
-    try:
-        return importlib.import_module("_multimodal")
-    except ImportError as exc:
-        print(f"(Rust extension not importable: {exc})")
-        return None
-    finally:
-        sys.path.remove(str(REF_EXT))
-
-
-def timed_runs(fn, budget_s: float, min_runs: int = 3) -> list[float]:
-    fn()  # warm-up
-    runs = []
-    deadline = time.perf_counter() + budget_s
-    while len(runs) < min_runs or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-        if len(runs) >= 200:
-            break
-    return runs
-
-
 def measure(pairs, rounds: int, budget_s: float) -> dict:
     """pairs: {name: (ours, theirs|None)} -> {name: (ours ms, theirs ms|None)}; rounds alternate."""
     samples = {name: ([], []) for name in pairs}
     for _ in range(rounds):
         for name, (ours, theirs) in pairs.items():
-            samples[name][0].append(statistics.median(timed_runs(ours, budget_s)))
+            samples[name][0].append(median_seconds(ours, budget_s))
             if theirs is not None:
-                samples[name][1].append(statistics.median(timed_runs(theirs, budget_s)))
+                samples[name][1].append(median_seconds(theirs, budget_s))
     return {
         name: (statistics.median(a) * 1e3, statistics.median(b) * 1e3 if b else None)
         for name, (a, b) in samples.items()
@@ -96,7 +66,7 @@ def main() -> int:
     from mmworker.common.decode import decode_image
     from mmworker.corpus import encode, photo_like
 
-    rust = load_rust()
+    rust = load_reference_extension()
     yardstick = "Rust extension (sglang 0.5.23, SGL_MM_RS_THREADS=1)" if rust else "no Rust extension"
     print(f"mmworker vs {yardstick}")
     print(

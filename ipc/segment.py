@@ -7,9 +7,9 @@ which is exactly the double-unlink / destroyed-live-buffer class of bug to avoid
 
 Lifecycle, one owner:
   1. the owner `create`s: O_CREAT|O_EXCL, mode 0600, then `posix_fallocate` so that a /dev/shm too
-     small fails here with ENOSPC instead of SIGBUS at the first write later, then maps it with
-     MAP_POPULATE (pages are touched once, up front: fresh pages cost ~1 ms/MB at first touch);
-  2. the peer `attach`es by name (also MAP_POPULATE);
+     small fails here with ENOSPC instead of SIGBUS at the first write later (fallocate also
+     allocates the pages, so nothing is faulted in fresh later: ~1 ms/MB at first touch);
+  2. the peers `attach` by name with MAP_POPULATE (their page tables are filled once, up front);
   3. the owner `unlink`s the name as soon as every party has mapped it. From then on the memory
      lives exactly as long as some mapping does: a crash of anyone, even SIGKILL, cannot leak it.
 Names carry the creating process's pid and start time (`PREFIX-<pid>-<start>-<tag>`), so the
@@ -87,7 +87,7 @@ class Segment:
                         f"({free_bytes()} bytes free); enlarge it (e.g. docker --shm-size) or shrink the rings"
                     ) from exc
                 raise
-            buf = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             os.unlink(path)

@@ -175,3 +175,24 @@ def test_no_pickle_in_the_source_tree():
     pattern = re.compile(r"^\s*(import pickle|from pickle|import cloudpickle)|pickle\.(loads|load|dumps|dump)\(", re.M)
     offenders = [str(p) for d in ("mmworker", "ipc") for p in (ROOT / d).rglob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_restarts_do_not_accumulate_mapped_rings(jpeg):
+    # Each restart creates a new ring; the old one must be unmapped once nothing views it, or a
+    # long run with crashing workers would pin ring after ring of shared memory.
+    def mapped_rings() -> int:
+        with open("/proc/self/maps") as f:
+            return len({line.split()[-2] for line in f if f"/dev/shm/mmw-{os.getpid()}-" in line})
+
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 32}) as pool:
+        for k in range(1, 6):
+            with pool.process([P], [jpeg]) as reply:
+                assert reply.ok
+            os.kill(pool.worker_pids()[0], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while (pool.stats().restarts < k or pool.stats().workers_ready < 1) and time.monotonic() < deadline:
+                pool.poll(0.05)
+        del reply  # a reply object, even released, keeps its views (and so its ring's mapping) alive
+        gc.collect()
+        assert pool.stats().restarts == 5
+        assert mapped_rings() == 1  # only the live worker's ring

@@ -220,7 +220,8 @@ class WorkerPool:
             res.router.poll(50)
             self._receive()
 
-    def _spawn(self, module: str, args: dict, cores: Sequence[int] | None) -> subprocess.Popen:
+    def _spawn(self, module: str, args: dict) -> subprocess.Popen:
+        """Exec a fresh interpreter for a child (never a fork of this process); it pins itself."""
         env = tuned_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], env=env, close_fds=True)
@@ -232,7 +233,7 @@ class WorkerPool:
                 "concurrency": self.config.io_concurrency,
                 "media": self.config.media_policy().to_mapping()}  # fmt: skip
         self._io_ready = False
-        self._io_proc = self._spawn("mmworker.pool.iostage", args, self.plan.io)
+        self._io_proc = self._spawn("mmworker.pool.iostage", args)
 
     def _start_worker(self, slot: _Slot) -> None:
         slot.incarnation += 1
@@ -241,10 +242,11 @@ class WorkerPool:
         slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
         self._res.segments.append(slot.segment)
         args = {"endpoint": self._res.router.endpoint, "worker": slot.index, "incarnation": slot.incarnation,
-                "ring": slot.segment.name, "core": slot.core, "spec": self._spec, "parent": os.getpid(),
+                "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
+                "spec": self._spec, "parent": os.getpid(),
                 "image_cpu_s": self.config.image_cpu_s}  # fmt: skip
         slot.started = time.monotonic()
-        slot.proc = self._spawn("mmworker.pool.worker", args, [slot.core] if slot.core is not None else None)
+        slot.proc = self._spawn("mmworker.pool.worker", args)
 
     # --- the public face ---------------------------------------------------------------------------
 
@@ -443,7 +445,7 @@ class WorkerPool:
 
     def _on_hello(self, slot: _Slot, hello: Hello) -> None:
         slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)
-        slot.segment.unlink()  # both sides have mapped it: from now on it cannot leak
+        self._retire(slot)  # both sides have mapped it: from now on it cannot leak
         slot.ready = True
         self._cold_start.append((time.monotonic() - slot.started) * 1e3)
         self._res.router.mark_idle(slot.identity)
@@ -543,11 +545,21 @@ class WorkerPool:
             self._reject(req, why)
         elif req is not None:
             self._forget(req)
-        if slot.reader is None and slot.segment is not None:
-            slot.segment.unlink()  # it died before mapping its ring
-        slot.reader = None  # replies still viewing the old ring keep its mapping alive
+        self._retire(slot)  # if it died before mapping its ring, the name is still there
+        slot.reader = None  # replies still viewing the old ring keep its (read-only) mapping alive
         self._stats["restarts"] += 1
         self._start_worker(slot)
+
+    def _retire(self, slot: _Slot) -> None:
+        """Unlink and unmap the creator's handle of a slot's ring; only the reader's mapping remains.
+
+        Without this every restart would keep a full ring mapped (and its memory allocated) for good.
+        """
+        segment, slot.segment = slot.segment, None
+        if segment is not None:
+            segment.unlink()
+            segment.close()
+            self._res.segments.remove(segment)
 
     def _dispatch(self) -> None:
         router = self._res.router

@@ -16,7 +16,6 @@ fail, the lowest index is reported, as the inline driver would.
 """
 
 import collections
-import json
 import logging
 import os
 import sys
@@ -25,15 +24,14 @@ import pycurl
 import zmq
 
 from ipc.channels import Dealer, new_context
-from ipc.lifeline import die_with_parent
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Stop
 from mmworker.common.budget import ByteBudget
 from mmworker.common.fetch import fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
 from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
+from mmworker.pool.child import run_child
 from mmworker.pool.protocol import IO_IDENTITY
-from mmworker.runtime import install_pickle_tripwire
 
 log = logging.getLogger("mmworker.io")
 
@@ -176,19 +174,7 @@ class IoStage:
 
 
 def main(argv: list[str]) -> int:
-    args = json.loads(argv[1])
-    die_with_parent(int(args["parent"]))
-    if args.get("cores"):
-        os.sched_setaffinity(0, set(args["cores"]))
-    logging.basicConfig(level=logging.WARNING, format="[mmworker io] %(message)s")
-    stage = IoStage(args)
-    if os.environ.get("MMWORKER_PICKLE_TRIPWIRE"):
-        install_pickle_tripwire(os.environ["MMWORKER_PICKLE_TRIPWIRE"])
-    try:
-        stage.serve()
-    finally:
-        stage.close()
-    return 0
+    return run_child(argv, "io", IoStage)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interpreter: never a fork
 of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
 
-    {"endpoint": ..., "worker": k, "incarnation": n, "ring": name, "core": c | null,
-     "spec": {...}, "parent": pid}
+    {"endpoint": ..., "worker": k, "incarnation": n, "ring": name, "cores": [c] | null,
+     "spec": {...}, "parent": pid, "image_cpu_s": s}
 
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
 a tiny image -> map the ring -> Hello -> then one job at a time:
@@ -30,7 +30,6 @@ import numpy as np
 
 from ipc.channels import Dealer, new_context
 from ipc.errors import IpcError
-from ipc.lifeline import die_with_parent
 from ipc.ring import RingWriter
 from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
@@ -38,9 +37,9 @@ from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
 from mmworker.errors import MmError
 from mmworker.pipeline import MRope
+from mmworker.pool.child import run_child
 from mmworker.pool.protocol import KIND_BYTES
 from mmworker.registry import pipeline_from_spec
-from mmworker.runtime import install_pickle_tripwire
 
 log = logging.getLogger("mmworker.worker")
 
@@ -169,20 +168,8 @@ def _cpu_budget_exceeded(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = json.loads(argv[1])
     signal.signal(signal.SIGVTALRM, _cpu_budget_exceeded)
-    die_with_parent(int(args["parent"]))
-    if args.get("core") is not None:
-        os.sched_setaffinity(0, {int(args["core"])})
-    logging.basicConfig(level=logging.WARNING, format=f"[mmworker worker {args['worker']}] %(message)s")
-    worker = Worker(args)
-    if os.environ.get("MMWORKER_PICKLE_TRIPWIRE"):
-        install_pickle_tripwire(os.environ["MMWORKER_PICKLE_TRIPWIRE"])
-    try:
-        worker.serve()
-    finally:
-        worker.close()
-    return 0
+    return run_child(argv, f"worker {json.loads(argv[1])['worker']}", Worker)
 
 
 if __name__ == "__main__":

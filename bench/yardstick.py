@@ -1,0 +1,39 @@
+"""What the benchmarks share: the reference Rust extension (a yardstick, loaded only here) and timing."""
+
+import importlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REF_EXT = Path(__file__).resolve().parent.parent / ".cache" / "ref_ext"
+
+
+def load_reference_extension():
+    """The sglang 0.5.23 `_multimodal` module, single-threaded, or None if it was not fetched
+    (scripts/get_reference_ext.sh). Benchmarks only: mmworker never imports it."""
+    if not REF_EXT.is_dir():
+        return None
+    os.environ["SGL_MM_RS_THREADS"] = "1"  # read when the extension builds its pool
+    sys.path.insert(0, str(REF_EXT))
+    try:
+        return importlib.import_module("_multimodal")
+    except ImportError as exc:
+        print(f"(Rust extension not importable: {exc})")
+        return None
+    finally:
+        sys.path.remove(str(REF_EXT))
+
+
+def median_seconds(fn: Callable[[], object], budget_s: float, min_runs: int = 3, max_runs: int = 200) -> float:
+    """Median wall time of `fn` after one warm-up call, over runs filling `budget_s` seconds."""
+    fn()
+    runs: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(runs) < min_runs or (time.perf_counter() < deadline and len(runs) < max_runs):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
