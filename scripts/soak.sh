@@ -24,7 +24,9 @@ checks = [
     ("corrupted (verify mismatches)", report["verify"]["mismatches"] == 0, report["verify"]),
     ("bad requests accepted", r["bad_accepted"] == 0, r["bad_accepted"]),
     ("leaked shared-memory segments", after <= before, after - before),
-    ("RSS growth minute 2 -> last minute < 5%", rss.get("growth_pct", 0.0) < 5.0, f"{rss.get('growth_pct', float('nan')):+.2f}%"),
+    ("RSS growth minute 2 -> last minute < 5% (client + workers)", rss.get("growth_pct", 0.0) < 5.0,
+     f"{rss.get('growth_pct', float('nan')):+.2f}% (client {rss.get('client_growth_pct', float('nan')):+.2f}%, "
+     f"workers {rss.get('workers_growth_pct', float('nan')):+.2f}%)"),
     ("load test verdict", status == 0 and report["ok"], report["failures"]),
 ]
 print(f"\nsoak: {report['measured_s'] / 60:.1f} min, {r['answered']} requests, {report['chaos_kills']} workers killed, "

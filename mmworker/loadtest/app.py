@@ -103,9 +103,8 @@ def _start_media_server(directory: Path) -> tuple[subprocess.Popen, str]:
 
 def _verify(result, family) -> list[int]:
     mismatches = []
-    by_index = {r.spec.index: r for r in result.records}
     for index, digest in sorted(result.verify.items()):
-        spec = by_index[index].spec
+        spec = result.specs[index]
         out = process(family, MmInput(spec.input_ids, spec.sources))
         delta = getattr(out.positions, "delta", None)
         positions = getattr(out.positions, "positions", None)
@@ -116,9 +115,8 @@ def _verify(result, family) -> list[int]:
 
 def _inline(result, family, budget_s: float, pool_rps: float) -> dict:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    good = [r.spec for r in result.records if r.spec.kind == "good" and r.ok]
     done, t0 = 0, time.monotonic()
-    for spec in good:
+    for spec in result.inline_specs:
         process(family, MmInput(spec.input_ids, spec.sources))
         done += 1
         if time.monotonic() - t0 > budget_s:

@@ -22,7 +22,14 @@ from mmworker.pool import Reply, WorkerPool
 
 @dataclass
 class Record:
-    spec: RequestSpec
+    """One request's outcome. Its spec (prompt and sources) is dropped once answered, unless kept
+    for verification or the inline comparison, so a long run's memory stays flat."""
+
+    spec: RequestSpec | None
+    index: int
+    kind: str
+    images: int
+    expected_error: str | None
     submitted: float
     answered: float = 0.0
     ok: bool = False
@@ -46,6 +53,8 @@ class RunResult:
     worker_cpu_s: dict[int, float] = field(default_factory=dict)
     rss: list[tuple[float, float, float]] = field(default_factory=list)  # (s, client MB, workers MB), private
     kills: int = 0
+    specs: dict[int, RequestSpec] = field(default_factory=dict)  # the verified requests' specs
+    inline_specs: list[RequestSpec] = field(default_factory=list)  # good requests kept for --compare-inline
 
 
 def digest_parts(input_ids, offsets, positions, delta, items, corrupt: bool = False) -> str:
@@ -100,6 +109,7 @@ def _cpu_of(pid: int) -> float:
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+INLINE_KEEP = 2000  # good requests kept for --compare-inline (it runs at most 30 s of them)
 
 
 class Progress:
@@ -126,7 +136,7 @@ class Progress:
         p50 = lat[len(lat) // 2] if lat else float("nan")
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
         rate = len(window) / min(5.0, max(elapsed, 1e-9))
-        images = sum(r.spec.images for r in window if r.ok) / min(5.0, max(elapsed, 1e-9))
+        images = sum(r.images for r in window if r.ok) / min(5.0, max(elapsed, 1e-9))
         rejects = sum(1 for r in run.records if r.answers and not r.ok)
         text = (
             f"{elapsed:6.1f}s  answered {run.answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  "
@@ -151,6 +161,8 @@ class Runner:
         self.in_flight = 0
         self.verify_k = verify
         self.sample: list[tuple[int, str]] = []  # (request index, digest): a uniform sample of accepted replies
+        self.sample_specs: dict[int, RequestSpec] = {}
+        self.inline_specs: list[RequestSpec] = []
         self.rng = random.Random(seed)
         self.accepted_seen = 0
         self.corrupt_sample = corrupt_sample
@@ -158,7 +170,7 @@ class Runner:
         self.started = 0.0
 
     def _submit(self, spec: RequestSpec, now: float, warmup: bool) -> None:
-        record = Record(spec=spec, submitted=now, warmup=warmup)
+        record = Record(spec, spec.index, spec.kind, spec.images, spec.expected_error, now, warmup=warmup)
         self.records.append(record)
         self.by_id[spec.index] = record
         self.pool.submit(spec.input_ids, spec.sources, request_id=spec.index)
@@ -175,16 +187,21 @@ class Runner:
         record.latency_ms, record.busy_ms, record.worker = reply.latency_ms, reply.busy_ms, reply.worker
         self.answered += 1
         self.in_flight -= 1
+        spec, record.spec = record.spec, None
         if reply.ok:
+            if record.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
+                self.inline_specs.append(spec)
             # Reservoir sampling: every accepted request has the same chance to be verified.
             self.accepted_seen += 1
             slot = len(self.sample) if len(self.sample) < self.verify_k else self.rng.randrange(self.accepted_seen)
             if slot < self.verify_k:
-                entry = (record.spec.index, reply_digest(reply, corrupt=self.corrupt_sample))
+                entry = (record.index, reply_digest(reply, corrupt=self.corrupt_sample))
                 if slot < len(self.sample):
+                    self.sample_specs.pop(self.sample[slot][0], None)
                     self.sample[slot] = entry
                 else:
                     self.sample.append(entry)
+                self.sample_specs[record.index] = spec
             reply.release()
 
     def run(self, *, concurrency: int | None, rate: float | None, duration: float | None, requests: int | None,
@@ -250,4 +267,5 @@ class Runner:
         for slot, first, last in seen.values():
             wcpu[slot] = wcpu.get(slot, 0.0) + max(0.0, last - first)
         return RunResult(self.records, self.started, ended, measured_from, dict(self.sample), self.duplicates,
-                         time.process_time() - cpu0, wcpu, rss, kills)  # fmt: skip
+                         time.process_time() - cpu0, wcpu, rss, kills, dict(self.sample_specs),
+                         list(self.inline_specs))  # fmt: skip

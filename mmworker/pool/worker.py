@@ -106,38 +106,43 @@ class Worker:
 
         # CPU budget: SIGVTALRM after image_cpu_s of CPU per image. The handler raises between
         # bytecodes, so a long C call finishes first; the pool's wall-clock deadline covers hangs.
+        # The timer is off again before anything is sent, so it can never interrupt a send (which
+        # could deliver a Done whose memory the failure path then frees).
         budget = self.image_cpu_s * max(1, len(payload) - 1)
         signal.setitimer(signal.ITIMER_VIRTUAL, budget)
         try:
-            ids = np.frombuffer(payload[0].buffer, dtype="<i8")
-            kinds = job.args.get("kinds", "")
-            if not isinstance(kinds, str) or len(kinds) != len(payload) - 1:
-                raise MmError(f"malformed job: {len(payload) - 1} source frame(s) but kinds {kinds!r}")
-            sources = [
-                frame.buffer if kind == KIND_BYTES else bytes(frame.buffer).decode("utf-8")
-                for kind, frame in zip(kinds, payload[1:], strict=True)
-            ]
-            out = process(self.family, MmInput(ids, sources), alloc=alloc)
-            tensors = {"input_ids": self._store(out.input_ids, alloc, allocations)}
-            meta: dict = {"offsets": [list(o) for o in out.offsets], "hashes": [i.hash for i in out.items]}
-            if isinstance(out.positions, MRope):
-                tensors["positions"] = self._store(out.positions.positions, alloc, allocations)
-                meta["delta"] = out.positions.delta
-            for i, item in enumerate(out.items):
-                tensors[f"feature.{i}"] = self._desc(item.feature, allocations)
-                for name, value in item.aux.items():
-                    meta[f"aux.{i}.{name}"] = [int(v) for v in np.asarray(value).reshape(-1)]
-            busy = (time.monotonic() - t0) * 1e3
-            self.channel.send(Done(job.rid, tensors, meta, busy))
+            answer = self._compute(job, payload, alloc, allocations, t0)
         except (MmError, IpcError) as exc:
-            self._free(allocations)
-            self.channel.send(Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3))
+            answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3)
         except Exception as exc:  # a bug must still answer the request, and be visible in the log
-            self._free(allocations)
             traceback.print_exc(file=sys.stderr)
-            self.channel.send(Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}"))
+            answer = Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        if isinstance(answer, Failed):
+            self._free(allocations)
+        self.channel.send(answer)
+
+    def _compute(self, job: Job, payload: list, alloc, allocations, t0: float) -> Done:
+        ids = np.frombuffer(payload[0].buffer, dtype="<i8")
+        kinds = job.args.get("kinds", "")
+        if not isinstance(kinds, str) or len(kinds) != len(payload) - 1:
+            raise MmError(f"malformed job: {len(payload) - 1} source frame(s) but kinds {kinds!r}")
+        sources = [
+            frame.buffer if kind == KIND_BYTES else bytes(frame.buffer).decode("utf-8")
+            for kind, frame in zip(kinds, payload[1:], strict=True)
+        ]
+        out = process(self.family, MmInput(ids, sources), alloc=alloc)
+        tensors = {"input_ids": self._store(out.input_ids, alloc, allocations)}
+        meta: dict = {"offsets": [list(o) for o in out.offsets], "hashes": [i.hash for i in out.items]}
+        if isinstance(out.positions, MRope):
+            tensors["positions"] = self._store(out.positions.positions, alloc, allocations)
+            meta["delta"] = out.positions.delta
+        for i, item in enumerate(out.items):
+            tensors[f"feature.{i}"] = self._desc(item.feature, allocations)
+            for name, value in item.aux.items():
+                meta[f"aux.{i}.{name}"] = [int(v) for v in np.asarray(value).reshape(-1)]
+        return Done(job.rid, tensors, meta, (time.monotonic() - t0) * 1e3)
 
     def _store(self, array: np.ndarray, alloc, allocations) -> TensorDesc:
         target = alloc(array.shape, array.dtype)
