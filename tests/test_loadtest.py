@@ -84,3 +84,25 @@ def test_sweep_and_open_loop(corpus, tmp_path):
     assert [r["config"]["workers"] for r in doc["sweep"]] == [1, 2]
     assert all(r["config"]["mode"] == "open loop 30/s" for r in doc["sweep"])
     assert "knee:" in result.stdout
+
+
+def test_memory_growth_is_reported_for_client_and_workers(capsys):
+    # A run long enough for the soak's check (>= 3 min): the client stays flat, the workers grow 10%
+    # in the last minute; the report must say so per side and in sum, and print it.
+    from types import SimpleNamespace
+
+    from mmworker.loadtest.report import build_report, print_report
+    from mmworker.loadtest.runner import RunResult
+
+    rss = [(float(t), 100.0, 200.0 if t < 180 else 220.0) for t in range(0, 241, 2)]
+    result = RunResult(records=[], started=0.0, ended=240.0, measured_from=5.0, rss=rss)
+    config = {"mode": "closed loop, 4 in flight", "warmup_s": 5.0, "workers": 2, "spec_name": "qwen2_5_vl"}
+    report = build_report(result, config=config, pool_stats=SimpleNamespace(shm_peak_held_bytes=0, restarts=0),
+                          worker_pids=[], ring_mib=64, mismatches=[], inline=None)
+    memory = report["rss_mb"]
+    assert memory["client_growth_pct"] == pytest.approx(0.0)
+    assert memory["workers_growth_pct"] == pytest.approx(10.0)
+    assert memory["growth_pct"] == pytest.approx(20 / 300 * 100)
+    assert memory["peak"] == 320.0
+    print_report(report)
+    assert "client +0.0%, workers +10.0%" in capsys.readouterr().out

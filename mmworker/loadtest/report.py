@@ -165,7 +165,11 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
 
 
 def _rss_summary(result: RunResult) -> dict:
-    """Client + worker private RSS (RssAnon) over the run; growth compares the second minute with the last."""
+    """Client + worker private RSS (RssAnon) over the run; growth compares the second minute with the last.
+
+    Growth is given for the sum and for client and workers apart: a leak in the client (the scheduler's
+    process) matters differently from one in workers, which the pool replaces anyway.
+    """
     samples = [(t, c + w) for t, c, w in result.rss]
     out: dict = {
         "samples": [[round(t, 1), round(m, 1)] for t, m in samples],
@@ -173,11 +177,14 @@ def _rss_summary(result: RunResult) -> dict:
     }
     end = samples[-1][0] if samples else 0
     if end >= 180:
-        second = [m for t, m in samples if 60 <= t < 120]
-        last = [m for t, m in samples if t >= end - 60]
-        out["second_minute_mean"] = sum(second) / len(second)
-        out["last_minute_mean"] = sum(last) / len(last)
-        out["growth_pct"] = (out["last_minute_mean"] / out["second_minute_mean"] - 1) * 100
+        second = [(c, w) for t, c, w in result.rss if 60 <= t < 120]
+        last = [(c, w) for t, c, w in result.rss if t >= end - 60]
+        for name, part in (("", lambda c, w: c + w), ("client_", lambda c, w: c), ("workers_", lambda c, w: w)):
+            before = sum(part(c, w) for c, w in second) / len(second)
+            after = sum(part(c, w) for c, w in last) / len(last)
+            out[f"{name}second_minute_mean"] = before
+            out[f"{name}last_minute_mean"] = after
+            out[f"{name}growth_pct"] = (after / before - 1) * 100
     return out
 
 
