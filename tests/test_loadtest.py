@@ -97,8 +97,15 @@ def test_memory_growth_is_reported_for_client_and_workers(capsys):
     rss = [(float(t), 100.0, 200.0 if t < 180 else 220.0) for t in range(0, 241, 2)]
     result = RunResult(records=[], started=0.0, ended=240.0, measured_from=5.0, rss=rss)
     config = {"mode": "closed loop, 4 in flight", "warmup_s": 5.0, "workers": 2, "spec_name": "qwen2_5_vl"}
-    report = build_report(result, config=config, pool_stats=SimpleNamespace(shm_peak_held_bytes=0, restarts=0),
-                          worker_pids=[], ring_mib=64, mismatches=[], inline=None)
+    report = build_report(
+        result,
+        config=config,
+        pool_stats=SimpleNamespace(shm_peak_held_bytes=0, restarts=0),
+        worker_pids=[],
+        ring_mib=64,
+        mismatches=[],
+        inline=None,
+    )
     memory = report["rss_mb"]
     assert memory["client_growth_pct"] == pytest.approx(0.0)
     assert memory["workers_growth_pct"] == pytest.approx(10.0)
