@@ -184,6 +184,11 @@ def test_restarts_do_not_accumulate_mapped_rings(jpeg):
         with open("/proc/self/maps") as f:
             return len({line.split()[-2] for line in f if f"/dev/shm/mmw-{os.getpid()}-" in line})
 
+    def process_handles() -> int:
+        gc.collect()
+        return sum(isinstance(o, subprocess.Popen) for o in gc.get_objects())
+
+    others = process_handles()
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 32}) as pool:
         for k in range(1, 6):
             with pool.process([P], [jpeg]) as reply:
@@ -196,3 +201,5 @@ def test_restarts_do_not_accumulate_mapped_rings(jpeg):
         gc.collect()
         assert pool.stats().restarts == 5
         assert mapped_rings() == 1  # only the live worker's ring
+        # nor do the dead workers' process handles stay behind: one worker and the I/O process
+        assert process_handles() - others == 2

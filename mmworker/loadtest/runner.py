@@ -20,10 +20,11 @@ from mmworker.loadtest.workload import RequestSpec, Workload
 from mmworker.pool import Reply, WorkerPool
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """One request's outcome. Its spec (prompt and sources) is dropped once answered, unless kept
-    for verification or the inline comparison, so a long run's memory stays flat."""
+    for verification or the inline comparison; what stays (~300 bytes with slots) is what the
+    percentiles need, so a 10-minute soak's client grows by a few MB of these, not by its traffic."""
 
     spec: RequestSpec | None
     index: int

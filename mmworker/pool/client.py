@@ -59,6 +59,7 @@ log = logging.getLogger("mmworker.pool")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _STOP_GRACE_S = 2.0
+_COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool that runs for weeks must not grow
 # How often poll() looks at process handles and deadlines (a waitpid per process): often enough
 # that a crash is answered within a few ms, rarely enough to cost nothing per request.
 _CHECK_INTERVAL_S = 0.01
@@ -76,7 +77,7 @@ class PoolStats:
     rejected: int
     in_flight: int
     queued: int
-    cold_start_ms: tuple[float, ...]
+    cold_start_ms: tuple[float, ...]  # the latest 64 worker start-up times, oldest first
     shm_held_bytes: int
     shm_peak_held_bytes: int
 
@@ -179,7 +180,7 @@ class WorkerPool:
         self._order: collections.deque[int] = collections.deque()
         self._finished: dict[int, Reply] = {}
         self._stats = dict(submitted=0, accepted=0, rejected=0, restarts=0)
-        self._cold_start: list[float] = []
+        self._cold_start: collections.deque[float] = collections.deque(maxlen=_COLD_STARTS_KEPT)
         self._io_ready = False
         self._io_proc: subprocess.Popen | None = None
         self._next_check = 0.0
@@ -225,6 +226,8 @@ class WorkerPool:
         env = tuned_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], env=env, close_fds=True)
+        # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
+        self._res.processes = [p for p in self._res.processes if p.returncode is None]
         self._res.processes.append(proc)
         return proc
 
