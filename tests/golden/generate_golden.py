@@ -40,20 +40,11 @@ import sources  # noqa: E402
 import torch  # noqa: E402
 import torchvision  # noqa: E402
 from PIL import Image, features  # noqa: E402
+from refenv import require_reference_env  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.v2 import functional as TF  # noqa: E402
 
-if not PIL.__version__.startswith("12."):
-    sys.exit(f"stock Pillow 12.x required (found {PIL.__version__}); run in .venv-ref")
-try:
-    import importlib.metadata as _md
-
-    _md.distribution("pillow-simd")
-    sys.exit("pillow-simd is installed here; run in .venv-ref (stock Pillow 12.x)")
-except _md.PackageNotFoundError:
-    pass
-
-torch.set_num_threads(1)
+require_reference_env()
 
 RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
 DECODE_DIR = HERE / "decode"

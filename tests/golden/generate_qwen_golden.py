@@ -281,17 +281,9 @@ def main() -> None:
 
     sys.path.insert(0, str(HERE))
     import sources
+    from refenv import require_reference_env
 
-    if not PIL.__version__.startswith("12."):
-        sys.exit(f"stock Pillow 12.x required (found {PIL.__version__}); run in .venv-ref")
-    import importlib.metadata as md
-
-    try:
-        md.distribution("pillow-simd")
-        sys.exit("pillow-simd is installed here; run in .venv-ref (stock Pillow 12.x)")
-    except md.PackageNotFoundError:
-        pass
-    torch.set_num_threads(1)
+    require_reference_env()
 
     def sha256_arr(a: np.ndarray) -> str:
         return sha256_bytes(np.ascontiguousarray(a).tobytes())
