@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import re
 import struct
 import sys
@@ -40,7 +39,7 @@ import sources  # noqa: E402
 import torch  # noqa: E402
 import torchvision  # noqa: E402
 from PIL import Image, features  # noqa: E402
-from refenv import require_reference_env  # noqa: E402
+from shared import require_reference_env, write_json  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.v2 import functional as TF  # noqa: E402
 
@@ -585,21 +584,6 @@ def build_decode_cases() -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
-
-
-def write_json(path: Path, header: dict, key: str, rows: list[dict]) -> None:
-    """Stable, diffable JSON: one header key (or one sub-key of a dict value) per line, one case per line."""
-    parts = []
-    for k in sorted(header):
-        val = header[k]
-        if isinstance(val, dict) and val:
-            inner = ",\n".join(f"  {json.dumps(sk)}: {json.dumps(val[sk], sort_keys=True)}" for sk in sorted(val))
-            parts.append(f" {json.dumps(k)}: {{\n{inner}\n }}")
-        else:
-            parts.append(f" {json.dumps(k)}: {json.dumps(val, sort_keys=True)}")
-    lines = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in rows)
-    parts.append(f" {json.dumps(key)}: [\n{lines}\n ]")
-    path.write_text("{\n" + ",\n".join(parts) + "\n}\n")
 
 
 def main() -> None:

@@ -281,7 +281,7 @@ def main() -> None:
 
     sys.path.insert(0, str(HERE))
     import sources
-    from refenv import require_reference_env
+    from shared import require_reference_env, write_json
 
     require_reference_env()
 
@@ -692,24 +692,6 @@ def main() -> None:
     size = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"[qwen-golden] tests/golden/qwen total size: {size} bytes")
     print("QWEN_GOLDEN_OK")
-
-
-def write_json(path: Path, header: dict, key: str, rows: list[dict]) -> None:
-    """Stable, diffable JSON: one header key (or one sub-key of a dict value) per line, one case per line."""
-    parts = []
-    for k in sorted(header):
-        val = header[k]
-        if isinstance(val, dict) and val:
-            inner = ",\n".join(f"  {json.dumps(sk)}: {json.dumps(val[sk], sort_keys=True)}" for sk in sorted(val))
-            parts.append(f" {json.dumps(k)}: {{\n{inner}\n }}")
-        elif isinstance(val, list) and val and isinstance(val[0], (dict, list)):
-            inner = ",\n".join(f"  {json.dumps(x, sort_keys=True)}" for x in val)
-            parts.append(f" {json.dumps(k)}: [\n{inner}\n ]")
-        else:
-            parts.append(f" {json.dumps(k)}: {json.dumps(val, sort_keys=True)}")
-    lines = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in rows)
-    parts.append(f" {json.dumps(key)}: [\n{lines}\n ]")
-    path.write_text("{\n" + ",\n".join(parts) + "\n}\n")
 
 
 def write_npz(path: Path, arrays: dict) -> None:
