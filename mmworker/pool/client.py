@@ -454,14 +454,12 @@ class WorkerPool:
         self._res.router.mark_idle(slot.identity)
 
     def _on_result(self, slot: _Slot, message: Done | Failed) -> None:
-        req = self._requests.get(message.rid)
+        req = self._answered(message.rid)
         slot.rid = None
         self._res.router.mark_idle(slot.identity)
-        if req is None or req.cancelled:  # aborted meanwhile: free and drop
+        if req is None:  # aborted meanwhile: free and drop
             if isinstance(message, Done):
                 self._release(slot, list(message.tensors.values()))
-            if req is not None:
-                self._forget(req)
             return
         if isinstance(message, Failed):
             self._reject(req, message.error)
@@ -511,10 +509,8 @@ class WorkerPool:
         if isinstance(message, Hello):
             self._io_ready = True
             return
-        req = self._requests.get(getattr(message, "rid", -1))
-        if req is None or req.cancelled:
-            if req is not None:
-                self._forget(req)
+        req = self._answered(getattr(message, "rid", -1))
+        if req is None:
             return
         if isinstance(message, Failed):
             self._reject(req, message.error)
@@ -606,6 +602,15 @@ class WorkerPool:
 
     def _forget(self, req: _Request) -> None:
         self._requests.pop(req.rid, None)
+
+    def _answered(self, rid: int) -> _Request | None:
+        """The live request a worker or the I/O process answers; None if it is gone or was cancelled
+        meanwhile (then it is forgotten here: its reply, "aborted", was given at cancel time)."""
+        req = self._requests.get(rid)
+        if req is not None and req.cancelled:
+            self._forget(req)
+            return None
+        return req
 
     def _collect(self) -> list[Reply]:
         out = []
