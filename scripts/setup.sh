@@ -17,6 +17,8 @@ PILLOW_SIMD_VERSION=12.1.1.post0
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/venv.sh
+. "$here/scripts/venv.sh"
 
 # 1. System packages. Headers only: Pillow decodes PNG with zlib, so libpng is not needed.
 apt_packages=(libjpeg62-turbo-dev zlib1g-dev libwebp-dev pkg-config)
@@ -34,10 +36,7 @@ fi
 
 # 2. Virtual environment.
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "$PYTHON is older than 3.11"
-if [ ! -x "$VENV/bin/python" ]; then
-    say "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-fi
+ensure_venv "$PYTHON" "$VENV"
 py="$VENV/bin/python"
 "$py" -m pip install -q --upgrade pip
 

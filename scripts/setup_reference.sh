@@ -21,12 +21,11 @@ PILLOW_VERSIONS=(12.3.0 12.1.1)
 
 say() { printf '[setup-ref] %s\n' "$*"; }
 die() { printf '[setup-ref] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/venv.sh
+. "$here/scripts/venv.sh"
 
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "$PYTHON is older than 3.11"
-if [ ! -x "$VENV/bin/python" ]; then
-    say "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-fi
+ensure_venv "$PYTHON" "$VENV"
 py="$VENV/bin/python"
 "$py" -m pip install -q --upgrade pip
 

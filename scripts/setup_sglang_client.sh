@@ -21,14 +21,13 @@ SGLANG_VERSION=0.5.23
 
 say() { printf '[setup-sglang] %s\n' "$*"; }
 die() { printf '[setup-sglang] ERROR: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=scripts/venv.sh
+. "$here/scripts/venv.sh"
 
 # 1. Virtual environment.
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
     || die "$PYTHON is not Python 3.11 (the sglang $SGLANG_VERSION wheel is cp311)"
-if [ ! -x "$VENV/bin/python" ]; then
-    say "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-fi
+ensure_venv "$PYTHON" "$VENV"
 py="$VENV/bin/python"
 pip=("$py" -m pip install -q --disable-pip-version-check)
 
