@@ -110,23 +110,3 @@ def test_matches_sglang_expansion(text, counts):
     # get_mm_items_offset finds runs, so it can only tell items apart when text separates them.
     assume(all(len(run) > 0 for run in text[1 : len(counts)]))
     assert offsets == their_offsets
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(
-    st.builds(Text, st.builds(range, st.integers(-2, 8), st.integers(-2, 8))),
-    st.builds(Media, st.integers(-1, 3), st.one_of(
-        st.builds(Repeat, st.integers(0, 5), st.integers(-1, 4)),
-        st.builds(Explicit, st.lists(st.integers(0, 9), max_size=4).map(tuple),
-                  st.builds(range, st.integers(-1, 5), st.integers(-1, 5))))),
-), max_size=6), st.integers(0, 3))  # fmt: skip
-def test_arbitrary_layouts_are_consistent_or_refused(layout, n_items):
-    src = np.arange(6, dtype=np.int64)
-    try:
-        out, offsets = apply_layout(src, tuple(layout), n_items)
-    except MmError as exc:
-        assert str(exc).startswith("layout: ")
-        return
-    assert len(offsets) == n_items
-    for start, end in offsets:
-        assert 0 <= start <= end < len(out)
