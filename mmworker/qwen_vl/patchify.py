@@ -1,4 +1,4 @@
-"""Normalise and patchify resized RGB pixels into Qwen's pixel_values, in one pass, in place.
+"""Normalise and patchify resized RGB pixels into Qwen's pixel_values, written straight into the output buffer.
 
 pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (behaviour.md §7.3):
 patches ordered (gh/m, gw/m, m, m) so each merge block of m x m patches is contiguous, and inside
@@ -9,7 +9,7 @@ and the result is bit-identical to Hugging Face's float arithmetic.
 """
 
 import numpy as np
-from numba import njit
+from numba import njit, uint64
 
 
 def normalisation_lut(mean: tuple[float, ...], std: tuple[float, ...], resample: str) -> np.ndarray:
@@ -36,40 +36,43 @@ def patchify_into(pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, t
     """Write pixel_values of (h, w, C >= 3) uint8 pixels into out (float32 [gh * gw, dim], C-contiguous).
 
     h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows),
-    the pixels are normalised once into a band laid out [channel][merge row][patch column][py][px],
-    so that every (patch, channel) plane is one contiguous run of patch^2 floats; the output is then
-    written strictly in order as whole-plane copies (twice for the temporal duplicate). The band
-    is a few hundred KB and stays in cache.
+    the pixels are first normalised into a planar band [channel][row][x] (one lookup per sample,
+    contiguous writes); the output is then written strictly in order, each patch row of a channel
+    a contiguous run of `patch` floats, twice for the temporal duplicate. The band is a few hundred
+    KB and stays in cache, so the output is written once and the source read once.
+
+    Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
+    branch keeps LLVM from vectorising the short runs (measured: 4.5x slower copy phase).
     """
     h, w, channels = pixels.shape
-    src = pixels.reshape(-1)
     gh, gw = h // patch, w // patch
-    blocks_w = gw // merge
-    plane = patch * patch
-    channel_stride = merge * gw * plane
-    band = np.empty(3 * channel_stride, np.float32)
+    rows = merge * patch
+    src = pixels.reshape(-1)
+    flat = out.reshape(-1)
+    band = np.empty(3 * rows * w, np.float32)
+    n_channels, n_patch, width = uint64(channels), uint64(patch), uint64(w)
+    channel_stride = uint64(rows * w)
     lut0, lut1, lut2 = lut[0], lut[1], lut[2]
-    p = 0
+    o = uint64(0)
     for i in range(gh // merge):
-        for mh in range(merge):
-            for py in range(patch):
-                s = ((i * merge + mh) * patch + py) * w * channels
-                b = mh * gw * plane + py * patch
-                for _col in range(gw):
-                    for px in range(patch):
-                        band[b + px] = lut0[src[s]]
-                        band[channel_stride + b + px] = lut1[src[s + 1]]
-                        band[2 * channel_stride + b + px] = lut2[src[s + 2]]
-                        s += channels
-                    b += plane
-        for j in range(blocks_w):
+        for r in range(rows):
+            s = uint64((i * rows + r) * w * channels)
+            b = uint64(r * w)
+            for x in range(width):
+                band[b + x] = lut0[src[s]]
+                band[channel_stride + b + x] = lut1[src[s + uint64(1)]]
+                band[channel_stride + channel_stride + b + x] = lut2[src[s + uint64(2)]]
+                s += n_channels
+        for j in range(gw // merge):
             for mh in range(merge):
                 for mw in range(merge):
-                    row = out[p]
-                    first = (mh * gw + j * merge + mw) * plane
+                    x0 = uint64((j * merge + mw) * patch)
                     for c in range(3):
-                        source = band[c * channel_stride + first : c * channel_stride + first + plane]
-                        for t in range(temporal):
-                            d = (c * temporal + t) * plane
-                            row[d : d + plane] = source
-                    p += 1
+                        first = uint64(c) * channel_stride + uint64(mh) * n_patch * width + x0
+                        for _t in range(temporal):
+                            s = first
+                            for _py in range(n_patch):
+                                for px in range(n_patch):
+                                    flat[o + px] = band[s + px]
+                                o += n_patch
+                                s += width
