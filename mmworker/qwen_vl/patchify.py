@@ -36,43 +36,44 @@ def patchify_into(pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, t
     """Write pixel_values of (h, w, C >= 3) uint8 pixels into out (float32 [gh * gw, dim], C-contiguous).
 
     h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows),
-    the pixels are first normalised into a planar band [channel][row][x] (one lookup per sample,
-    contiguous writes); the output is then written strictly in order, each patch row of a channel
-    a contiguous run of `patch` floats, twice for the temporal duplicate. The band is a few hundred
-    KB and stays in cache, so the output is written once and the source read once.
+    the pixels are normalised once into a band laid out [channel][merge row][patch column][py][px],
+    so that every (patch, channel) plane is one contiguous run of patch^2 floats; the output is then
+    written strictly in order as whole-plane copies (twice for the temporal duplicate). The band
+    is a few hundred KB and stays in cache.
 
     Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
-    branch keeps LLVM from vectorising the short runs (measured: 4.5x slower copy phase).
+    branch keeps LLVM from vectorising the copies (measured at 1288x728: 10.5 -> 3.2 ms).
     """
     h, w, channels = pixels.shape
     gh, gw = h // patch, w // patch
-    rows = merge * patch
     src = pixels.reshape(-1)
     flat = out.reshape(-1)
-    band = np.empty(3 * rows * w, np.float32)
-    n_channels, n_patch, width = uint64(channels), uint64(patch), uint64(w)
-    channel_stride = uint64(rows * w)
+    n_channels, n_patch = uint64(channels), uint64(patch)
+    plane = n_patch * n_patch
+    channel_stride = uint64(merge * gw) * plane
+    band = np.empty(3 * channel_stride, np.float32)
     lut0, lut1, lut2 = lut[0], lut[1], lut[2]
     o = uint64(0)
     for i in range(gh // merge):
-        for r in range(rows):
-            s = uint64((i * rows + r) * w * channels)
-            b = uint64(r * w)
-            for x in range(width):
-                band[b + x] = lut0[src[s]]
-                band[channel_stride + b + x] = lut1[src[s + uint64(1)]]
-                band[channel_stride + channel_stride + b + x] = lut2[src[s + uint64(2)]]
-                s += n_channels
+        for mh in range(merge):
+            for py in range(patch):
+                s = uint64(((i * merge + mh) * patch + py) * w * channels)
+                b = uint64(mh * gw) * plane + uint64(py) * n_patch
+                for _col in range(gw):
+                    for px in range(n_patch):
+                        q = s + px * n_channels
+                        band[b + px] = lut0[src[q]]
+                        band[channel_stride + b + px] = lut1[src[q + uint64(1)]]
+                        band[channel_stride + channel_stride + b + px] = lut2[src[q + uint64(2)]]
+                    s += n_patch * n_channels
+                    b += plane
         for j in range(gw // merge):
             for mh in range(merge):
                 for mw in range(merge):
-                    x0 = uint64((j * merge + mw) * patch)
+                    first = uint64(mh * gw + j * merge + mw) * plane
                     for c in range(3):
-                        first = uint64(c) * channel_stride + uint64(mh) * n_patch * width + x0
+                        s = uint64(c) * channel_stride + first
                         for _t in range(temporal):
-                            s = first
-                            for _py in range(n_patch):
-                                for px in range(n_patch):
-                                    flat[o + px] = band[s + px]
-                                o += n_patch
-                                s += width
+                            for k in range(plane):
+                                flat[o + k] = band[s + k]
+                            o += plane
