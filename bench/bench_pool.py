@@ -68,15 +68,17 @@ def open_loop(pool, data, seconds, rate, seed=1):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--worker-nice", type=int, default=None, help="override the pool's worker_nice")
     args = parser.parse_args()
     from mmworker.runtime import reexec_tuned
 
     reexec_tuned()
     spec = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
     data = encode(photo_like(1280, 720, seed=1), "JPEG")
+    base = {"ring_mib": 256} if args.worker_nice is None else {"ring_mib": 256, "worker_nice": args.worker_nice}
     throughput = {}
     for workers in (1, 2):
-        with WorkerPool(spec, {"workers": workers, "ring_mib": 256}) as pool:
+        with WorkerPool(spec, {**base, "workers": workers}) as pool:
             closed_loop(pool, data, 1.0, 2 * workers)  # warm-up
             throughput[workers] = closed_loop(pool, data, args.seconds, 2 * workers)
     print(f"closed loop, 720p JPEG, 1 image/request, {args.seconds:g} s each")
@@ -88,7 +90,7 @@ def main() -> int:
     rate = 0.7 * throughput[2]
     results = {}
     for ordered in (True, False):
-        with WorkerPool(spec, {"workers": 2, "ring_mib": 256, "ordered": ordered}) as pool:
+        with WorkerPool(spec, {**base, "workers": 2, "ordered": ordered}) as pool:
             closed_loop(pool, data, 1.0, 4)
             results[ordered] = open_loop(pool, data, args.seconds, rate)
     print(f"\nopen loop at 70% load ({rate:.1f} requests/s, Poisson), 2 workers")

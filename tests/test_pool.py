@@ -240,6 +240,15 @@ def test_each_worker_runs_one_thread_after_real_work(pool, images):
         assert "-" not in allowed and "," not in allowed  # pinned to exactly one core
 
 
+def test_workers_run_nicer_than_the_client_threads_included(pool, images):
+    with pool.process([P], [images["small"]]) as r:
+        assert r.ok
+    want = os.getpriority(os.PRIO_PROCESS, 0) + pool.config.worker_nice
+    for pid in pool.worker_pids():
+        for tid in os.listdir(f"/proc/{pid}/task"):  # libzmq's threads inherit it from the main thread
+            assert os.getpriority(os.PRIO_PROCESS, int(tid)) == min(19, want)
+
+
 def test_ring_full_rejects_and_recovers_after_release(images):
     # 8 MiB ring: one 640x480 feature (7.4 MB) fits, a second cannot while the first is held.
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8, "deadline_s": 2}) as pool:
@@ -298,6 +307,9 @@ def test_config_validation_and_plan(tmp_path):
         PoolConfig.from_any({"worker": 2})
     with pytest.raises(MmError, match="workers need"):
         PoolConfig.from_any({"workers": len(allowed) + 1}).plan()
+    for bad in (-1, 20, 2.5, True):
+        with pytest.raises(MmError, match="worker_nice must be an int from 0 to 19"):
+            PoolConfig.from_any({"worker_nice": bad})
     plan = PoolConfig.from_any({"cores": "0-15", "reserved_cores": None}).plan(allowed=set(range(16)))
     assert plan.reserved == (0, 1) and plan.workers == tuple(range(2, 16))  # SGLang's min(2, n // 4)
     toml = tmp_path / "pool.toml"

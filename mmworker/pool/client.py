@@ -246,7 +246,7 @@ class WorkerPool:
         self._res.segments.append(slot.segment)
         args = {"endpoint": self._res.router.endpoint, "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
-                "spec": self._spec, "parent": os.getpid(),
+                "spec": self._spec, "parent": os.getpid(), "nice": self.config.worker_nice,
                 "image_cpu_s": self.config.image_cpu_s}  # fmt: skip
         slot.started = time.monotonic()
         slot.proc = self._spawn("mmworker.pool.worker", args)

@@ -14,6 +14,8 @@ From a dict or a TOML file (every key optional):
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
     ordered = true            # poll() returns replies in submission order (false: completion order)
+    worker_nice = 10          # workers run this much nicer than the embedding process (0-19): where they
+                              # share cores with it, its latency-critical loop wins the CPU (0: equal footing)
 
     [media]                   # where images may come from (mmworker.common.policy); default: safe
     allowed_domains = []      # empty: any domain
@@ -99,6 +101,7 @@ class PoolConfig:
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
     ordered: bool = True
+    worker_nice: int = 10
     media: Mapping[str, Any] | None = None
 
     @classmethod
@@ -141,6 +144,9 @@ class PoolConfig:
         positive("image_cpu_s", self.image_cpu_s, float)
         positive("start_timeout_s", self.start_timeout_s, float)
         positive("io_concurrency", self.io_concurrency)
+        nice = self.worker_nice
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise MmError(f"pool config: worker_nice must be an int from 0 to 19, got {self.worker_nice!r}")
         if not isinstance(self.ordered, bool):
             raise MmError(f"pool config: ordered must be true or false, got {self.ordered!r}")
         self.media_policy()  # raises on a bad [media] table
