@@ -12,10 +12,12 @@ bounds, by `ipc.ring.RingReader.view` before any view exists.
 
 Message flow (C = client, W = worker):
     W -> C  Hello      after start-up: which ring it writes, its pid
-    C -> W  Job        one unit of work + `frames` payload frames
+    C -> W  Job        one unit of work + `frames` payload frames (+ releases, piggybacked: see Release)
     W -> C  Done       result tensors (descriptors into W's ring), small metadata, optional frames
     W -> C  Failed     the job's one-line reason
-    C -> W  Release    allocations the client no longer uses (W may reuse their space)
+    C -> W  Release    allocations the client no longer uses (W may reuse their space); a client may
+                       instead hand them over in the `released` field of W's next Job (one message
+                       fewer) when W needs no space before that job
     C -> W  Cancel     drop a job if it has not started (a started job still answers)
     C -> W  Stop       finish the current job, then exit
 """
@@ -59,6 +61,7 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     frames: int
     deadline_ms: int
     args: dict[str, Value] = {}
+    released: list[tuple[int, int]] = []  # (offset, seq) of the receiver's ring, applied before the job
 
 
 class Done(msgspec.Struct, frozen=True, tag="done"):

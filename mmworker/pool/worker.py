@@ -9,7 +9,8 @@ of the client, which may have initialised CUDA; nothing is pickled, the argument
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
 a tiny image -> map the ring -> Hello -> then one job at a time:
 
-    Job(rid, frames=[input_ids int64, image 0, image 1, ...], args={"kinds": "bs..", "deadline"})
+    Job(rid, frames=[input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
+      -> free the piggybacked releases (allocations the client gave back while this worker was idle)
       -> driver.process(family, MmInput, alloc=ring allocator)
       -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta)
       or Failed(reason); the job's allocations are freed on every failure path.
@@ -75,14 +76,18 @@ class Worker:
                 continue
             message, payload = got
             if isinstance(message, Job):
+                self._free_released(message.released)
                 self._run(message, payload)
             else:
                 self._control(message)
 
+    def _free_released(self, allocations: list[tuple[int, int]]) -> None:
+        for offset, seq in allocations:
+            self.ring.release(offset, seq)
+
     def _control(self, message) -> None:
         if isinstance(message, Release):
-            for offset, seq in message.allocations:
-                self.ring.release(offset, seq)
+            self._free_released(message.allocations)
         elif isinstance(message, Stop):
             self.stopping = True
 
