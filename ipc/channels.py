@@ -23,9 +23,12 @@ import os
 import shutil
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
+from zmq.backend import Socket as _CompiledSocket
+from zmq.backend import zmq_poll as _zmq_poll
 
 from ipc.errors import ChannelClosed, IpcError, WireError
 from ipc.wire import Message, decode, encode
@@ -52,6 +55,17 @@ def new_context() -> zmq.Context:
     """A ZeroMQ context with one I/O thread (ipc/tcp need one; more buys nothing here)."""
     return zmq.Context(io_threads=1)
 
+
+# The client's loop calls these for every message, right after waking up, when nothing is in the
+# CPU's caches: pyzmq's Python-level send wrapper (DRAFT routing ids and groups, which nothing here
+# uses) and its IntFlag arithmetic cost more there than the calls themselves, so the channels call
+# the compiled socket methods with plain int flags.
+_send = _CompiledSocket.send
+_recv = _CompiledSocket.recv
+_get = _CompiledSocket.get
+_SNDMORE = int(zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 # Payload frames smaller than this are copied into the message; larger ones are sent zero-copy.
 # pyzmq's zero-copy path hands each buffer to a garbage-collector thread that releases it once
@@ -108,14 +122,23 @@ class Router:
         self.endpoint = endpoint
         self._idle: OrderedDict[bytes, None] = OrderedDict()
         self.rejected = 0  # malformed messages dropped
+        self._poll_items = [(self.sock, _POLLIN)]  # built once: a wait happens per loop turn
 
     def fileno(self) -> int:
         """The socket's edge-triggered notification fd: readable means "call recv until None"."""
         return self.sock.getsockopt(zmq.FD)
 
     def send(self, peer: bytes, message: Message, payload: tuple = ()) -> None:
+        sock = self.sock
         try:
-            self.sock.send_multipart([peer, encode(message), *payload], copy=False)
+            _send(sock, peer, _SNDMORE)
+            if not payload:
+                _send(sock, encode(message), 0)
+                return
+            _send(sock, encode(message), _SNDMORE)
+            last = len(payload) - 1
+            for i, frame in enumerate(payload):
+                _send(sock, frame, 0 if i == last else _SNDMORE, False)  # copied below copy_threshold
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise ChannelClosed(f"peer {peer!r} is not connected") from exc
@@ -131,31 +154,40 @@ class Router:
     def idle(self) -> int:
         return len(self._idle)
 
-    def dispatch(self, message: Message, payload: tuple = ()) -> bytes | None:
-        """Send to the longest-idle worker and mark it busy; None if no worker is idle."""
+    def dispatch(self, message: Message | Callable[[bytes], Message], payload: tuple = ()) -> bytes | None:
+        """Send to the longest-idle worker and mark it busy; None if no worker is idle.
+
+        `message` may be a function of the chosen peer, for a message that carries something of
+        that peer's (e.g. its piggybacked releases).
+        """
         while self._idle:
             peer, _ = self._idle.popitem(last=False)
             try:
-                self.send(peer, message, payload)
+                self.send(peer, message(peer) if callable(message) else message, payload)
             except ChannelClosed:
                 continue  # it died after announcing readiness; the pool notices through its process
             return peer
         return None
 
     def poll(self, timeout_ms: int) -> bool:
-        return bool(self.sock.poll(timeout_ms, zmq.POLLIN))
+        return bool(_zmq_poll(self._poll_items, timeout_ms))
 
     def recv(self) -> tuple[bytes, Message, list] | None:
         """The next valid (peer, message, payload) if one is waiting, else None (never blocks)."""
+        sock = self.sock
         while True:
             # Asking EVENTS first avoids pyzmq's EAGAIN exception (tens of microseconds each) on
             # every empty check; ZeroMQ delivers multipart messages whole, so POLLIN means all parts.
-            if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not _get(sock, _EVENTS) & _POLLIN:
                 return None
-            frames = self.sock.recv_multipart(copy=False)
-            peer = frames[0].bytes
+            # The identity and the header are small (bytes are cheaper than Frame objects); payload
+            # frames stay zero-copy Frames.
+            peer = _recv(sock)
+            frames = [_recv(sock, 0, False)]
+            while frames[-1].more:
+                frames.append(_recv(sock, 0, False))
             try:
-                message, payload = decode(frames[1:])
+                message, payload = decode(frames)
             except WireError as exc:
                 self.rejected += 1
                 log.error("dropped a malformed message from %r: %s", peer, exc)

@@ -34,6 +34,7 @@ from ipc.segment import Segment
 ALIGN = 64
 # dtypes a reader accepts in a descriptor; anything else is refused before a view is made.
 DTYPES = frozenset({"|u1", "<u2", "<i4", "<i8", "<f2", "<f4", "<f8"})
+_DTYPE_OBJECTS = {name: np.dtype(name) for name in DTYPES}  # parsed once: views are made per reply
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class RingReader:
         self.capacity = segment.size
         self.segment = segment
         self._bytes = np.frombuffer(segment.buffer, np.uint8)
+        self._read_only = not self._bytes.flags.writeable  # then every view of it is read-only too
 
     def view(self, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
         """A read-only view of `nbytes` at `offset` as `dtype[shape]`; IpcError if anything is off.
@@ -175,9 +177,9 @@ class RingReader:
         Checks, before any view exists: the dtype is allowed, the shape is non-negative and its
         byte size is exactly nbytes, and [offset, offset + nbytes) lies inside the segment.
         """
-        if dtype not in DTYPES:
+        dt = _DTYPE_OBJECTS.get(dtype) if isinstance(dtype, str) else None
+        if dt is None:
             raise IpcError(f"ring {self.ring}: dtype {dtype!r} is not allowed")
-        dt = np.dtype(dtype)
         count = 1
         for dim in shape:
             if dim < 0:
@@ -189,6 +191,7 @@ class RingReader:
             raise IpcError(
                 f"ring {self.ring}: region [{offset}, {offset + nbytes}) is outside the {self.capacity}-byte ring"
             )
-        view = np.frombuffer(self._bytes, dt, count, offset).reshape(shape)
-        view.flags.writeable = False
+        view = np.ndarray(shape, dt, self._bytes, offset)
+        if not self._read_only:
+            view.flags.writeable = False
         return view

@@ -29,6 +29,7 @@ import itertools
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -60,8 +61,8 @@ log = logging.getLogger("mmworker.pool")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _STOP_GRACE_S = 2.0
 _COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool that runs for weeks must not grow
-# How often poll() looks at process handles and deadlines (a waitpid per process): often enough
-# that a crash is answered within a few ms, rarely enough to cost nothing per request.
+# How often poll() looks for ended children (one poll(2) over their pidfds; waitpid only when one
+# ended) and overdue requests: often enough that a crash is answered within a few ms.
 _CHECK_INTERVAL_S = 0.01
 
 
@@ -85,6 +86,9 @@ class PoolStats:
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
+    __slots__ = ("core", "identity", "incarnation", "index", "pending", "proc", "reader", "ready", "rid", "segment",
+                 "started")  # fmt: skip
+
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
         self.incarnation = 0
@@ -95,6 +99,7 @@ class _Slot:
         self.ready = False
         self.rid: int | None = None
         self.started = 0.0
+        self.pending: list[tuple[int, int]] = []  # released allocations that go with the next Job
 
 
 class _Request:
@@ -121,6 +126,8 @@ class _Resources:
         self.context = None
         self.router: Router | None = None
         self.processes: list[subprocess.Popen] = []
+        self.pidfds: dict[subprocess.Popen, int] = {}  # readable once the process has ended
+        self.exits = select.poll()  # over the pidfds
         self.segments: list[Segment] = []
         self.closed = False
 
@@ -138,6 +145,9 @@ class _Resources:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for fd in self.pidfds.values():
+            os.close(fd)
+        self.pidfds.clear()
         if self.router is not None:
             self.router.close()
         if self.context is not None:
@@ -184,6 +194,7 @@ class WorkerPool:
         self._io_ready = False
         self._io_proc: subprocess.Popen | None = None
         self._next_check = 0.0
+        self._deadline_ms = int(self.config.deadline_s * 1000)
         self._held_bytes = 0  # shared memory held by replies not yet released
         self._peak_held_bytes = 0
         try:
@@ -206,6 +217,7 @@ class WorkerPool:
         res.context = new_context()
         res.router = Router(res.context, res.rundir.endpoint("work"))
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
+        self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
         for slot in self._slots:
             self._start_worker(slot)
@@ -226,9 +238,17 @@ class WorkerPool:
         env = tuned_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], env=env, close_fds=True)
+        res = self._res
         # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
-        self._res.processes = [p for p in self._res.processes if p.returncode is None]
-        self._res.processes.append(proc)
+        for gone in [p for p in res.processes if p.returncode is not None]:
+            fd = res.pidfds.pop(gone)
+            res.exits.unregister(fd)
+            os.close(fd)
+        res.processes = [p for p in res.processes if p.returncode is None]
+        res.processes.append(proc)
+        # Not reaped yet, so the pid cannot have been reused.
+        res.pidfds[proc] = os.pidfd_open(proc.pid)
+        res.exits.register(res.pidfds[proc], select.POLLIN)
         return proc
 
     def _start_io(self) -> None:
@@ -240,8 +260,10 @@ class WorkerPool:
 
     def _start_worker(self, slot: _Slot) -> None:
         slot.incarnation += 1
-        slot.ready, slot.reader, slot.rid = False, None, None
+        slot.ready, slot.reader, slot.rid, slot.pending = False, None, None, []
+        self._by_identity.pop(slot.identity, None)
         slot.identity = f"w{slot.index}.{slot.incarnation}".encode()
+        self._by_identity[slot.identity] = slot
         slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
         self._res.segments.append(slot.segment)
         args = {"endpoint": self._res.router.endpoint, "worker": slot.index, "incarnation": slot.incarnation,
@@ -325,13 +347,15 @@ class WorkerPool:
     def poll(self, timeout: float = 0) -> list[Reply]:
         """Finished replies (submission order unless `ordered=False`), waiting up to `timeout` seconds for one."""
         deadline = time.monotonic() + max(0.0, timeout)
+        arrived = True
         while True:
-            self._pump()
-            ready = self._collect()
+            self._pump(arrived)
+            ready = self._collect() if self._finished else []
             remaining = deadline - time.monotonic()
             if ready or remaining <= 0 or self._res.closed:
                 return ready
-            self._res.router.poll(int(min(remaining, 0.05) * 1000) + 1)
+            # False: the wait timed out with nothing to receive, so the next pump skips receiving.
+            arrived = self._res.router.poll(int(min(remaining, 0.05) * 1000) + 1)
 
     def process(
         self, input_ids, images, *, request_id: Any = None, mm_hashes=None, timeout: float | None = None
@@ -420,10 +444,11 @@ class WorkerPool:
 
     # --- the engine (runs inside poll) ---------------------------------------------------------------
 
-    def _pump(self) -> None:
+    def _pump(self, receive: bool = True) -> None:
         if self._res.closed:
             return
-        self._receive()
+        if receive:
+            self._receive()
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + _CHECK_INTERVAL_S
@@ -437,7 +462,7 @@ class WorkerPool:
             if peer == IO_IDENTITY:
                 self._on_io(message, payload)
                 continue
-            slot = next((s for s in self._slots if s.identity == peer), None)
+            slot = self._by_identity.get(peer)
             if slot is None:
                 log.warning("message from unknown or replaced peer %r dropped", peer)
                 continue
@@ -459,7 +484,7 @@ class WorkerPool:
         self._res.router.mark_idle(slot.identity)
         if req is None:  # aborted meanwhile: free and drop
             if isinstance(message, Done):
-                self._release(slot, list(message.tensors.values()))
+                self._release(slot, [(d.offset, d.seq) for d in message.tensors.values()])
             return
         if isinstance(message, Failed):
             self._reject(req, message.error)
@@ -467,7 +492,7 @@ class WorkerPool:
         try:
             reply = self._accept(req, slot, message)
         except (IpcError, KeyError, TypeError, ValueError) as exc:  # a descriptor that does not check out
-            self._release(slot, list(message.tensors.values()))
+            self._release(slot, [(d.offset, d.seq) for d in message.tensors.values()])
             self._reject(req, f"internal error: bad result from worker {slot.index}: {exc}")
             return
         self._finish(req, reply)
@@ -482,20 +507,22 @@ class WorkerPool:
 
         n_items = len(meta["offsets"])
         hashes = _override_hashes([int(h) for h in meta["hashes"]], req.mm_hashes, req.request_id)
-        items = []
-        for i in range(n_items):
-            aux = {k.split(".", 2)[2]: np.asarray(v, np.int64) for k, v in meta.items() if k.startswith(f"aux.{i}.")}
-            items.append(ReplyItem(feature=view(f"feature.{i}"), aux=aux, hash=hashes[i]))
-        descs = list(done.tensors.values())
+        auxes: list[dict[str, np.ndarray]] = [{} for _ in range(n_items)]
+        for key, value in meta.items():
+            if key.startswith("aux."):  # "aux.<item>.<name>"
+                _, i, name = key.split(".", 2)
+                auxes[int(i)][name] = np.asarray(value, np.int64)
+        items = [ReplyItem(feature=view(f"feature.{i}"), aux=auxes[i], hash=hashes[i]) for i in range(n_items)]
+        allocations = [(d.offset, d.seq) for d in done.tensors.values()]
         incarnation = slot.incarnation
-        held = sum(d.nbytes for d in descs)
+        held = sum(d.nbytes for d in done.tensors.values())
         self._held_bytes += held
         self._peak_held_bytes = max(self._peak_held_bytes, self._held_bytes)
 
         def release() -> None:
             self._held_bytes -= held
             if not self._res.closed and slot.incarnation == incarnation and slot.ready:
-                self._release(slot, descs)
+                self._release(slot, allocations)
 
         return Reply(
             request_id=req.request_id, ok=True, input_ids=view("input_ids"),
@@ -521,17 +548,18 @@ class WorkerPool:
         self._queue.append(req)
 
     def _check_processes(self) -> None:
+        ended = bool(self._res.exits.poll(0))  # one syscall; process handles are asked only then
         now = time.monotonic()
         for slot in self._slots:
             req = self._requests.get(slot.rid) if slot.rid is not None else None
-            if slot.proc.poll() is not None:
+            if ended and slot.proc.poll() is not None:
                 why = f"worker crashed (worker {slot.index}, exit code {slot.proc.returncode})"
                 self._restart(slot, req, why)
             elif req is not None and now > req.deadline:
                 slot.proc.kill()  # it may be hung or stopped: its ring and its job are abandoned
                 slot.proc.wait()
                 self._restart(slot, req, f"deadline exceeded ({self.config.deadline_s:g} s, worker {slot.index})")
-        if self._io_proc.poll() is not None:
+        if ended and self._io_proc.poll() is not None:
             code = self._io_proc.returncode
             for req in [r for r in self._requests.values() if r.state == "io"]:
                 self._reject(req, f"I/O process crashed (exit code {code})")
@@ -566,12 +594,18 @@ class WorkerPool:
             req = self._queue[0]
             frames = (req.ids, *[s.encode() if isinstance(s, str) else s for s in req.sources])
             kinds = "".join(KIND_STRING if isinstance(s, str) else KIND_BYTES for s in req.sources)
-            job = Job(req.rid, len(frames), int(self.config.deadline_s * 1000), {"kinds": kinds})
+            args = {"kinds": kinds}
+
+            def job(peer: bytes, rid: int = req.rid, n: int = len(frames), args: dict = args) -> Job:
+                slot = self._by_identity[peer]
+                released, slot.pending = slot.pending, []
+                return Job(rid, n, self._deadline_ms, args, released)
+
             peer = router.dispatch(job, frames)
             if peer is None:
                 return
             self._queue.popleft()
-            slot = next(s for s in self._slots if s.identity == peer)
+            slot = self._by_identity[peer]
             slot.rid = req.rid
             req.state, req.slot = "running", slot
             req.dispatched = time.monotonic()
@@ -583,8 +617,13 @@ class WorkerPool:
         with contextlib.suppress(ChannelClosed):  # it is gone; its process handle tells the rest
             self._res.router.send(slot.identity, message)
 
-    def _release(self, slot: _Slot, descs) -> None:
-        self._send(slot, Release(slot.index, [(d.offset, d.seq) for d in descs]))
+    def _release(self, slot: _Slot, allocations: list[tuple[int, int]]) -> None:
+        """Give allocations back to a worker: at once if it is busy (it may be waiting for space),
+        else with its next Job (it allocates nothing before that), which saves a message each way."""
+        if slot.rid is None:
+            slot.pending += allocations
+        else:
+            self._send(slot, Release(slot.index, allocations))
 
     def _reject(self, req: _Request, error: str, *, keep_tracking: bool = False) -> None:
         self._stats["rejected"] += 1
