@@ -21,7 +21,7 @@ the layout.
 import math
 
 import numpy as np
-from numba import int32, njit
+from numba import int32, njit, uint64
 
 BICUBIC = 0
 LANCZOS = 1
@@ -136,33 +136,55 @@ def vertical_pass(src: np.ndarray, bounds: np.ndarray, weights: np.ndarray, out:
 
 @njit(cache=True)
 def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """out[r, xo, :3] from src[row0 + r, :, :3]; src is (h, w, C >= 3), out (rows, ow, 3)."""
+    """out[r, xo, :3] from src[row0 + r, :, :3]; src is (h, w, C >= 3), out (rows, ow, 3), both C-contiguous.
+
+    Indices are unsigned and arrays flat on purpose: numba wraps negative signed indices, and that
+    per-access branch keeps LLVM from vectorising the gather, the multiply-add and the scatter
+    (measured: 20-30% of this pass).
+    """
     rows, out_w = out.shape[0], out.shape[1]
     in_w, channels = src.shape[1], src.shape[2]
-    lanes = BAND_ROWS * 3
-    band = np.zeros((in_w, lanes), np.uint8)
-    result = np.empty((out_w, lanes), np.uint8)
-    acc = np.empty(lanes, np.int32)
-    flat_band = band.reshape(-1)
-    flat_result = result.reshape(-1)
+    lanes = uint64(BAND_ROWS * 3)
+    band = np.zeros(in_w * BAND_ROWS * 3, np.uint8)
+    result = np.empty(out_w * BAND_ROWS * 3, np.uint8)
+    acc = np.empty(BAND_ROWS * 3, np.int32)
+    flat_src = src.reshape(-1)
+    flat_out = out.reshape(-1)
+    flat_weights = weights.reshape(-1)
+    n_channels = uint64(channels)
+    src_row, out_row, ksize = uint64(in_w) * n_channels, uint64(out_w * 3), uint64(weights.shape[1])
+    one, two, three = uint64(1), uint64(2), uint64(3)
     for r0 in range(0, rows, BAND_ROWS):
         n = min(BAND_ROWS, rows - r0)
         for r in range(n):
-            # Flat row views: numba's 3-D indexing costs several times more than 1-D here.
-            src_row = src[row0 + r0 + r].reshape(-1)
-            for x in range(in_w):
-                for c in range(3):
-                    flat_band[x * lanes + r * 3 + c] = src_row[x * channels + c]
+            s = uint64(row0 + r0 + r) * src_row
+            lane = uint64(r * 3)
+            for x in range(uint64(in_w)):
+                q, d = s + x * n_channels, x * lanes + lane
+                band[d] = flat_src[q]
+                band[d + one] = flat_src[q + one]
+                band[d + two] = flat_src[q + two]
         for xo in range(out_w):
-            _convolve_rows(band, bounds[xo, 0], bounds[xo, 1], weights[xo], acc)
-            res = result[xo]
+            first, count = uint64(bounds[xo, 0]), uint64(bounds[xo, 1])
             for i in range(lanes):
-                res[i] = _clip8(acc[i])
+                acc[i] = _HALF
+            w0 = uint64(xo) * ksize
+            for k in range(count):
+                w = flat_weights[w0 + k]
+                b = (first + k) * lanes
+                for i in range(lanes):
+                    acc[i] = int32(acc[i] + int32(int32(band[b + i]) * w))
+            d = uint64(xo) * lanes
+            for i in range(lanes):
+                result[d + i] = _clip8(acc[i])
         for r in range(n):
-            out_row = out[r0 + r].reshape(-1)
-            for xo in range(out_w):
-                for c in range(3):
-                    out_row[xo * 3 + c] = flat_result[xo * lanes + r * 3 + c]
+            o = uint64(r0 + r) * out_row
+            lane = uint64(r * 3)
+            for xo in range(uint64(out_w)):
+                q, d = xo * lanes + lane, o + xo * three
+                flat_out[d] = result[q]
+                flat_out[d + one] = result[q + one]
+                flat_out[d + two] = result[q + two]
 
 
 @njit(cache=True)
