@@ -6,7 +6,8 @@ same encoded images, medians of alternating rounds:
 - `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install
   transformers`; it pulls neither torch nor Pillow);
 - the torchvision `Qwen2VLImageProcessor` with one torch thread, run in the reference venv
-  (.venv-ref, scripts/setup_reference.sh) because torchvision would replace pillow-simd here;
+  (.venv-ref, scripts/setup_reference.sh) because torchvision would replace pillow-simd here, as a
+  process on the same CPU that measures when asked, so its rounds interleave with the others;
 - the sglang 0.5.23 Rust extension's `qwen_vl.preprocess` with SGL_MM_RS_THREADS=1 (a yardstick only).
 Also: the floor (decode alone + one write of the output) and peak RSS per image in a fresh process.
 
@@ -46,23 +47,23 @@ import torch
 torch.set_num_threads(1)
 from PIL import Image
 from transformers import Qwen2VLImageProcessor
-spec = json.loads(sys.argv[1]); files = sys.argv[2:]
+spec = json.loads(sys.argv[1])
 proc = Qwen2VLImageProcessor(patch_size=spec["patch_size"], merge_size=spec["merge_size"],
     temporal_patch_size=spec["temporal_patch_size"], image_mean=spec["image_mean"],
     image_std=spec["image_std"],
     size={"shortest_edge": spec["min_pixels"], "longest_edge": spec["max_pixels"]})
 def run(data):
     return proc(images=Image.open(io.BytesIO(data)).convert("RGB"), return_tensors="pt")["pixel_values"]
-out = {}
-for path in files:
+print("ready", flush=True)
+for line in sys.stdin:  # "<path> <budget seconds>" -> median ms, so rounds interleave with the caller's
+    path, budget = line.split()
     data = open(path, "rb").read()
     run(data)
     runs = []
-    deadline = time.perf_counter() + float(spec["budget"])
+    deadline = time.perf_counter() + float(budget)
     while len(runs) < 3 or time.perf_counter() < deadline:
         t0 = time.perf_counter(); run(data); runs.append(time.perf_counter() - t0)
-    out[path] = statistics.median(runs) * 1e3
-print(json.dumps(out))
+    print(statistics.median(runs) * 1e3, flush=True)
 """
 
 RSS_WORKER = r"""
@@ -96,6 +97,20 @@ def load_hf_pil(spec: dict):
         image_std=spec["image_std"],
         size={"shortest_edge": spec["min_pixels"], "longest_edge": spec["max_pixels"]},
     )  # fmt: skip
+
+
+def start_torchvision(spec: dict, cpu: int) -> subprocess.Popen | None:
+    """The torchvision processor in the reference venv, pinned to our CPU, measuring on request."""
+    if not REF_PYTHON.exists():
+        return None
+    proc = subprocess.Popen(
+        ["taskset", "-c", str(cpu), str(REF_PYTHON), "-c", TORCHVISION_WORKER, json.dumps(spec)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError("the torchvision reference process did not start (scripts/setup_reference.sh)")
+    return proc
 
 
 def main() -> int:
@@ -134,8 +149,9 @@ def main() -> int:
         path.write_bytes(data)
         images[(size, fmt)] = (data, path)
 
+    torchvision = start_torchvision(spec, cpu)
     rows = {}
-    for key, (data, _) in images.items():
+    for key, (data, path) in images.items():
         pv, _ = preprocess(data, specs["aten_u8"])
         out = np.empty_like(pv)
         impls = {
@@ -152,23 +168,21 @@ def main() -> int:
             for mode in ("aten_u8", "pil"):
                 impls[f"Rust {mode}"] = partial(rust.qwen_vl.preprocess, data, json.dumps(specs[mode]))
         samples = {name: [] for name in impls}
+        if torchvision is not None:
+            samples["HF torchvision (1 thread)"] = []
         for _ in range(args.rounds):
             for name, fn in impls.items():
                 samples[name].append(median_seconds(fn, args.budget) * 1e3)
+            if torchvision is not None:  # same round, same CPU, so its ratio is side by side too
+                torchvision.stdin.write(f"{path} {args.budget}\n")
+                torchvision.stdin.flush()
+                samples["HF torchvision (1 thread)"].append(float(torchvision.stdout.readline()))
         rows[key] = {name: statistics.median(v) for name, v in samples.items()}
         rows[key]["output MB"] = pv.nbytes / 1e6
         print(f"measured {key[0]} {key[1]}", file=sys.stderr)
-
-    if REF_PYTHON.exists():
-        worker_spec = json.dumps({**spec, "budget": args.budget * args.rounds})
-        paths = [str(p) for _, p in images.values()]
-        result = subprocess.run(
-            ["taskset", "-c", str(cpu), str(REF_PYTHON), "-c", TORCHVISION_WORKER, worker_spec, *paths],
-            capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
-        tv = json.loads(result.stdout.strip().splitlines()[-1])
-        for key, (_, path) in images.items():
-            rows[key]["HF torchvision (1 thread)"] = tv[str(path)]
+    if torchvision is not None:
+        torchvision.stdin.close()
+        torchvision.wait()
 
     for key, (_, path) in images.items():
         measured = subprocess.run(
