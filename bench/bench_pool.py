@@ -9,11 +9,17 @@
    accepted request; "delivered" is submit -> returned by poll (latency is submit -> the reply
    arrived; ordered delivery adds the wait for earlier requests). Poisson arrivals often queue
    behind busy workers at 70% load, paced ones rarely: their overhead is mostly the pool's own.
+3. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
+   its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
+   sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
+   something to do plus libzmq's I/O thread, per request, and separately the cost of a poll(0)
+   that finds nothing. Beside row 2 it shows how much of the client CPU there is waking up.
 
     .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-nice N]
 """
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -69,6 +75,57 @@ def open_loop(pool, data, seconds, rate, paced=False, seed=1):
             reply.release()
     cpu = time.process_time() - cpu0
     return replies, cpu / max(1, len(replies)) * 1e3
+
+
+def _zmq_io_cpu_s() -> float:
+    """CPU seconds so far of this process's libzmq I/O threads (from /proc schedstat)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith("ZMQbg/IO"):
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:  # a thread that just ended
+            continue
+    return total / 1e9
+
+
+def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
+    """An embedding loop that never sleeps: its own work, then submit what arrived, poll(0), release.
+
+    Returns (CPU per request in the turns that submitted or received something, of which libzmq's
+    I/O thread, median CPU of a turn that found nothing), in ms; libzmq's thread is per request.
+    """
+    rng = random.Random(seed)
+    active, empty, replies = 0.0, [], 0
+    io0 = _zmq_io_cpu_s()
+    t0 = time.monotonic()
+    next_at = t0
+    while time.monotonic() - t0 < seconds or pool.stats().in_flight:
+        until = time.perf_counter() + step_s
+        while time.perf_counter() < until:  # the loop's own work, not counted
+            pass
+        now = time.monotonic()
+        c = time.thread_time()
+        did = False
+        while next_at <= now and now - t0 < seconds:
+            pool.submit([P], [data])
+            next_at += rng.expovariate(rate)
+            did = True
+        for reply in pool.poll(0):
+            assert reply.ok, reply.error
+            reply.release()
+            replies += 1
+            did = True
+        spent = time.thread_time() - c
+        if did:
+            active += spent
+        else:
+            empty.append(spent)
+    io = (_zmq_io_cpu_s() - io0) / max(1, replies)
+    return (active / max(1, replies) + io) * 1e3, io * 1e3, pct(empty, 0.5) * 1e3
 
 
 def main() -> int:
@@ -131,6 +188,13 @@ def main() -> int:
                 (f"client CPU per accepted request <= 0.2 ms ({where}, process CPU incl. libzmq's thread): "
                  f"{cpu_ms:.3f} ms", cpu_ms <= 0.2),
             ]  # fmt: skip
+
+    with WorkerPool(spec, {**base, "workers": 1}) as pool:
+        closed_loop(pool, data, 1.0, 2)
+        busy_cpu, busy_io, empty_poll = busy_loop(pool, data, args.seconds, 0.7 * throughput[1])
+    print("\nbusy embedding loop (never sleeps, poll(0) every ~1 ms), 1 worker at 70% load, no verdict:")
+    print(f"  client CPU per request {busy_cpu:.3f} ms (of which libzmq's I/O thread {busy_io:.3f} ms), "
+          f"plus {empty_poll * 1e3:.1f} us per poll(0) that finds nothing")  # fmt: skip
     print()
     for text, ok in verdicts:
         print(f"target {text} {'PASS' if ok else 'MISS'}")
