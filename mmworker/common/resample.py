@@ -203,6 +203,7 @@ def vertical_pass_strided(src: np.ndarray, bounds: np.ndarray, weights: np.ndarr
 
 def resize_fixed_point(src: np.ndarray, out_w: int, out_h: int, kind: int, out: np.ndarray) -> None:
     """Resize src (h, w, C >= 3 uint8, C-contiguous) into out (out_h, out_w, 3) the way Pillow 12 does."""
+    src = np.ascontiguousarray(src)  # the kernels index flat buffers; a no-op for every caller today
     in_h, in_w = src.shape[0], src.shape[1]
     need_h, need_v = out_w != in_w, out_h != in_h
     if not need_h and not need_v:
