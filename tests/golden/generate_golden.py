@@ -34,12 +34,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import PIL  # noqa: E402
 import sources  # noqa: E402
 import torch  # noqa: E402
-import torchvision  # noqa: E402
-from PIL import Image, features  # noqa: E402
-from shared import require_reference_env, write_json  # noqa: E402
+from PIL import Image  # noqa: E402
+from shared import reference_versions, require_reference_env, sha256_array, write_json  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.v2 import functional as TF  # noqa: E402
 
@@ -47,29 +45,6 @@ require_reference_env()
 
 RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
 DECODE_DIR = HERE / "decode"
-
-
-def sha256(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
-
-
-def versions() -> dict:
-    v = {
-        "python": sys.version.split()[0],
-        "pillow": PIL.__version__,
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "numpy": np.__version__,
-    }
-    try:
-        import transformers
-
-        v["transformers"] = transformers.__version__
-    except Exception:  # not needed by the generator itself
-        pass
-    for name in ("libjpeg_turbo", "zlib", "webp"):
-        v[f"pillow_{name}"] = features.version(name)
-    return v
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,7 +238,7 @@ def build_resize_cases() -> tuple[list[dict], list[str], dict]:
                 continue
             assert out.shape == (c["th"], c["tw"], 3) and out.dtype == np.uint8, (c["name"], r, out.shape)
             outs[r] = out
-            digests[r] = sha256(out)
+            digests[r] = sha256_array(out)
         c["sha256"] = digests
         if digests["pil_bicubic"] and digests["aten_u8"]:
             stats["bicubic_eq_aten" if digests["pil_bicubic"] == digests["aten_u8"] else "bicubic_ne_aten"] += 1
@@ -569,7 +544,7 @@ def build_decode_cases() -> list[dict]:
             assert pil_error is None, (name, pil_error)
             assert entry["pil_format"] == fmt, (name, entry["pil_format"])
             assert arr.dtype == np.uint8 and arr.ndim == 3 and arr.shape[2] == 3
-            entry.update(expected="ok", h=int(arr.shape[0]), w=int(arr.shape[1]), sha256=sha256(arr))
+            entry.update(expected="ok", h=int(arr.shape[0]), w=int(arr.shape[1]), sha256=sha256_array(arr))
         else:
             entry.update(expected="reject", reason=reject)
             if pil_error:
@@ -587,7 +562,7 @@ def build_decode_cases() -> list[dict]:
 
 
 def main() -> None:
-    v = versions()
+    v = reference_versions(("libjpeg_turbo", "zlib", "webp"))
     print("[golden] versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     vectors = check_vectors()
 

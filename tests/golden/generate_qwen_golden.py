@@ -272,32 +272,20 @@ def main() -> None:
     import warnings
 
     import numpy as np
-    import PIL
     import torch
-    import torchvision
     import transformers
-    from PIL import Image, features
+    from PIL import Image
     from transformers import Qwen2VLImageProcessor, Qwen2VLImageProcessorPil
 
     sys.path.insert(0, str(HERE))
     import sources
-    from shared import require_reference_env, write_json
+    from shared import reference_versions, require_reference_env, sha256_array, write_json
 
     require_reference_env()
 
-    def sha256_arr(a: np.ndarray) -> str:
-        return sha256_bytes(np.ascontiguousarray(a).tobytes())
-
     ext_so = sorted(REF_EXT.glob("_multimodal*.so"))
     versions = {
-        "python": sys.version.split()[0],
-        "pillow": PIL.__version__,
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "transformers": transformers.__version__,
-        "numpy": np.__version__,
-        "pillow_libjpeg_turbo": features.version("libjpeg_turbo"),
-        "pillow_zlib": features.version("zlib"),
+        **reference_versions(("libjpeg_turbo", "zlib")),
         "rust_ext": {
             "file": ext_so[0].name if ext_so else None,
             "bytes": ext_so[0].stat().st_size if ext_so else None,
@@ -335,7 +323,7 @@ def main() -> None:
                     "source": {"kind": "photo_like", "h": h, "w": w, "seed": seed},
                     "bytes": len(data),
                     "file_sha256": sha256_bytes(data),
-                    "decoded_rgb_sha256": sha256_arr(dec),
+                    "decoded_rgb_sha256": sha256_array(dec),
                 }
             )
     wanted = {im["name"] for im in images}
@@ -541,8 +529,8 @@ def main() -> None:
                 "nph": nph,
                 "npw": npw,
                 "bits_numel": int(bits.size),
-                "bits_sha256": sha256_arr(bits.astype("<u2")),
-                "rgb_sha256": sha256_arr(rgb),
+                "bits_sha256": sha256_array(bits.astype("<u2")),
+                "rgb_sha256": sha256_array(rgb),
                 "bits_in_npz": name in npz_bits,
             }
         )

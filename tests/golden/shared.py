@@ -1,12 +1,16 @@
 """What both golden generators share: the reference-environment check (stock Pillow 12.x, never
-pillow-simd, whose resamplers differ; torch on one thread) and the stable, diffable JSON writer."""
+pillow-simd, whose resamplers differ; torch on one thread), the versions they record, array digests
+and the stable, diffable JSON writer."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 
 def require_reference_env() -> None:
@@ -23,6 +27,35 @@ def require_reference_env() -> None:
         torch.set_num_threads(1)
         return
     sys.exit("pillow-simd is installed here; run in .venv-ref (stock Pillow 12.x)")
+
+
+def sha256_array(arr: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def reference_versions(codecs: tuple[str, ...]) -> dict:
+    """The library versions a fixture was made with, and those of Pillow's `codecs`."""
+    import PIL
+    import torch
+    import torchvision
+    from PIL import features
+
+    versions = {
+        "python": sys.version.split()[0],
+        "pillow": PIL.__version__,
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "numpy": np.__version__,
+    }
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:  # the primitives generator does not need it
+        pass
+    for name in codecs:
+        versions[f"pillow_{name}"] = features.version(name)
+    return versions
 
 
 def write_json(path: Path, header: dict, key: str, rows: list[dict]) -> None:
