@@ -20,20 +20,19 @@ _QWEN2_TOKENS = {"image_token_id": 151655, "vision_start_token_id": 151652, "vis
                  "video_token_id": 151656}  # fmt: skip
 _QWEN3_5_TOKENS = {"image_token_id": 248056, "vision_start_token_id": 248053, "vision_end_token_id": 248054,
                    "video_token_id": 248057}  # fmt: skip
+
+
+def _qwen_vl(tokens: dict, patch_size: int, min_pixels: int, max_pixels: int, mean: list, std: list) -> dict:
+    return {"family": "qwen_vl", **tokens, "patch_size": patch_size, "merge_size": 2, "temporal_patch_size": 2,
+            "min_pixels": min_pixels, "max_pixels": max_pixels, "image_mean": mean, "image_std": std}  # fmt: skip
+
+
 NAMED_SPECS: dict[str, dict[str, Any]] = {
-    "qwen2_vl": {"family": "qwen_vl", **_QWEN2_TOKENS, "patch_size": 14, "merge_size": 2,
-                 "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
-                 "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
-    "qwen2_5_vl": {"family": "qwen_vl", **_QWEN2_TOKENS, "patch_size": 14, "merge_size": 2,
-                   "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
-                   "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD},
-    "qwen3_vl": {"family": "qwen_vl", **_QWEN2_TOKENS, "patch_size": 16, "merge_size": 2,
-                 "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
-                 "image_mean": _HALF, "image_std": _HALF},
-    "qwen3_5": {"family": "qwen_vl", **_QWEN3_5_TOKENS, "patch_size": 16, "merge_size": 2,
-                "temporal_patch_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
-                "image_mean": _HALF, "image_std": _HALF},
-}  # fmt: skip
+    "qwen2_vl": _qwen_vl(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),
+    "qwen2_5_vl": _qwen_vl(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),  # the same as Qwen2-VL's
+    "qwen3_vl": _qwen_vl(_QWEN2_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
+    "qwen3_5": _qwen_vl(_QWEN3_5_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
+}
 
 _FAMILIES = {"qwen_vl": lambda spec: QwenVL(QwenSpec.from_mapping(spec))}
 
