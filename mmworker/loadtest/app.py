@@ -19,7 +19,7 @@ from mmworker.errors import MmError
 from mmworker.loadtest import corpus as corpus_mod
 from mmworker.loadtest.report import build_report, plot, print_report
 from mmworker.loadtest.runner import Runner, digest_parts
-from mmworker.loadtest.workload import SOURCE_KINDS, Workload, parse_distribution
+from mmworker.loadtest.workload import DEFAULT_VISION_TOKENS, SOURCE_KINDS, Workload, parse_distribution
 from mmworker.pool import PoolConfig, WorkerPool
 from mmworker.registry import named_spec, pipeline_from_spec
 
@@ -132,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     spec, spec_name = _spec(args)
     family = pipeline_from_spec(spec)
+    vision_tokens = (family.spec.vision_start_token_id or DEFAULT_VISION_TOKENS[0],
+                     family.spec.vision_end_token_id or DEFAULT_VISION_TOKENS[1])  # fmt: skip
     images_per_request = parse_distribution(args.images_per_request)
     kinds = tuple(k.strip() for k in args.sources.split(",") if k.strip())
     directory = Path(args.corpus) if args.corpus else corpus_mod.build_default(args.seed)
@@ -152,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             with WorkerPool(spec, config) as pool:
                 workers = len(pool.worker_pids())
                 workload = Workload(images, family.spec.image_token_id, images_per_request, kinds, args.bad_fraction,
-                                    base_url, args.seed)  # fmt: skip
+                                    base_url, args.seed, vision_tokens)  # fmt: skip
                 runner = Runner(pool, workload, verify=args.verify, seed=args.seed, corrupt_sample=args.corrupt_sample)
                 concurrency = None if args.rate else (args.concurrency or 2 * workers)
                 result = runner.run(concurrency=concurrency, rate=args.rate, duration=duration, requests=args.requests,

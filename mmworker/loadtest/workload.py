@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from mmworker.errors import MmError
 from mmworker.loadtest.corpus import CorpusImage
 
-VISION_START, VISION_END = 151652, 151653
+# Vision start/end markers around each placeholder when the spec names none (Qwen2-VL's ids).
+DEFAULT_VISION_TOKENS = (151652, 151653)
 SOURCE_KINDS = ("bytes", "data", "base64", "path", "http")
 BAD_KINDS = ("corrupt", "truncated", "too_many", "placeholder", "http_404")
 # What the reject message must contain for each kind of bad request.
@@ -61,6 +62,7 @@ class Workload:
         bad_fraction: float,
         base_url: str,
         seed: int,
+        vision_tokens: tuple[int, int] = DEFAULT_VISION_TOKENS,
     ) -> None:
         if not 0.0 <= bad_fraction <= 1.0:
             raise MmError(f"loadtest: --bad-fraction must be within 0..1, got {bad_fraction}")
@@ -68,6 +70,9 @@ class Workload:
         if unknown or not source_kinds:
             raise MmError(f"loadtest: --sources {','.join(source_kinds)}: choose from {', '.join(SOURCE_KINDS)}")
         self.corpus, self.token = corpus, image_token_id
+        self.vision_start, self.vision_end = vision_tokens
+        self._jpegs = [i for i in corpus if i.fmt == "JPEG"] or corpus  # what "truncated" cuts short
+        self._smallest = min(corpus, key=lambda i: len(i.data))  # what "too_many" repeats 65 times
         self.counts, self.weights = list(images_per_request), list(images_per_request.values())
         self.kinds, self.bad_fraction, self.base_url = source_kinds, bad_fraction, base_url.rstrip("/")
         self.rng = random.Random(seed)
@@ -99,7 +104,8 @@ class Workload:
     def _prompt(self, n: int, placeholders: int) -> list[int]:
         ids = [self.rng.randrange(1000, 30000) for _ in range(self.rng.randint(2, 12))]
         for k in range(n):
-            ids += [VISION_START, self.token, VISION_END] if k < placeholders else [VISION_START, VISION_END]
+            marker = [self.token] if k < placeholders else []
+            ids += [self.vision_start, *marker, self.vision_end]
             ids += [self.rng.randrange(1000, 30000) for _ in range(self.rng.randint(0, 6))]
         return ids
 
@@ -121,11 +127,10 @@ class Workload:
         if kind == "corrupt":
             sources[rng.randrange(n)] = bytes(rng.getrandbits(8) for _ in range(rng.randint(16, 4096)))
         elif kind == "truncated":
-            victim = rng.choice([i for i in self.corpus if i.fmt == "JPEG"] or self.corpus)
+            victim = rng.choice(self._jpegs)
             sources[rng.randrange(n)] = victim.data[: len(victim.data) // 3]
         elif kind == "too_many":
-            small = min(self.corpus, key=lambda i: len(i.data))
-            sources, n = [small.data] * 65, 65
+            sources, n = [self._smallest.data] * 65, 65
             ids = self._prompt(65, 65)
         elif kind == "placeholder":
             ids = self._prompt(n, n - 1)
