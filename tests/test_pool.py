@@ -136,6 +136,15 @@ def test_rejections_name_the_cause(pool, images):
         assert __import__("re").search(pattern, reply.error), (name, reply.error)
 
 
+def test_text_that_cannot_be_encoded_is_rejected_and_the_pool_keeps_serving(pool, images):
+    # A lone surrogate cannot go over the wire; it once stayed at the head of the queue and broke every poll().
+    for source in ("data:image/png;base64,\ud800", "http://127.0.0.1:9/\ud800.png"):
+        reply = pool.process([P], [source])
+        assert not reply.ok and reply.error.startswith("image 0: source text is not valid Unicode"), reply.error
+    with pool.process([P], [images["small"]]) as reply:
+        assert reply.ok
+
+
 def test_http_404_is_rejected_with_the_image_index(pool, images):
     server = MediaServer()
     try:

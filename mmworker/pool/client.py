@@ -103,17 +103,19 @@ class _Slot:
 
 
 class _Request:
-    __slots__ = ("cancelled", "deadline", "dispatched", "ids", "mm_hashes", "request_id", "rid", "slot", "sources",
-                 "state", "submitted")  # fmt: skip
+    __slots__ = ("cancelled", "deadline", "dispatched", "frames", "ids", "kinds", "mm_hashes", "raw_bytes",
+                 "request_id", "rid", "sources", "state", "submitted")  # fmt: skip
 
     def __init__(self, rid: int, request_id: Any, submitted: float) -> None:
         self.rid, self.request_id, self.submitted = rid, request_id, submitted
         self.state = "new"
         self.cancelled = False
         self.ids = b""
-        self.sources: list = []
+        self.sources: list = []  # as submitted
+        self.frames: list = []  # what the worker gets per source: bytes as given, text UTF-8 encoded, fetched bytes
+        self.kinds: list[str] = []  # KIND_BYTES / KIND_STRING per frame
+        self.raw_bytes = 0  # bytes given directly (they count against the request's byte budget)
         self.mm_hashes = None
-        self.slot: _Slot | None = None
         self.deadline = 0.0
         self.dispatched = 0.0
 
@@ -305,9 +307,8 @@ class WorkerPool:
             return request_id
         io_indices = [i for i, s in enumerate(req.sources) if needs_io(s)]
         if io_indices:
-            raw = sum(len(s) if isinstance(s, (bytes, bytearray, memoryview)) else 0 for s in req.sources)
             args = {"sources": [req.sources[i] for i in io_indices], "indices": io_indices,
-                    "budget": MAX_REQUEST_BYTES - raw}  # fmt: skip
+                    "budget": MAX_REQUEST_BYTES - req.raw_bytes}  # fmt: skip
             req.state = "io"
             try:
                 self._res.router.send(IO_IDENTITY, Job(req.rid, 0, 0, args))
@@ -329,18 +330,27 @@ class WorkerPool:
             return "images must be a list of sources"
         if len(images) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
             return f"multimodal request exceeds {MAX_ITEMS_PER_REQUEST} media items"
-        total = 0
+        total = raw = 0
+        frames, kinds = [], []  # built once here, not at every dispatch attempt
         for i, source in enumerate(images):
             if isinstance(source, str):
                 total += 0 if needs_io(source) else decoded_size_estimate(source)
+                try:
+                    frames.append(source.encode())
+                except UnicodeEncodeError as exc:
+                    return f"image {i}: source text is not valid Unicode ({exc.reason} at position {exc.start})"
+                kinds.append(KIND_STRING)
             elif isinstance(source, (bytes, bytearray, memoryview)):
-                total += memoryview(source).nbytes
+                raw += memoryview(source).nbytes
+                frames.append(source)
+                kinds.append(KIND_BYTES)
             else:
                 return f"image {i}: source must be a string or bytes, got {type(source).__name__}"
+        total += raw
         if total > MAX_REQUEST_BYTES:
             return f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes"
         req.ids = ids
-        req.sources = list(images)
+        req.sources, req.frames, req.kinds, req.raw_bytes = list(images), frames, kinds, raw
         req.mm_hashes = list(mm_hashes) if mm_hashes is not None else None
         return None
 
@@ -543,7 +553,9 @@ class WorkerPool:
             self._reject(req, message.error)
             return
         fetched = iter(payload)
-        req.sources = [next(fetched) if needs_io(s) else s for s in req.sources]
+        for i, source in enumerate(req.sources):
+            if needs_io(source):
+                req.frames[i], req.kinds[i] = next(fetched), KIND_BYTES
         req.state = "queued"
         self._queue.append(req)
 
@@ -592,9 +604,8 @@ class WorkerPool:
         router = self._res.router
         while self._queue and router.idle:
             req = self._queue[0]
-            frames = (req.ids, *[s.encode() if isinstance(s, str) else s for s in req.sources])
-            kinds = "".join(KIND_STRING if isinstance(s, str) else KIND_BYTES for s in req.sources)
-            args = {"kinds": kinds}
+            frames = (req.ids, *req.frames)
+            args = {"kinds": "".join(req.kinds)}
 
             def job(peer: bytes, rid: int = req.rid, n: int = len(frames), args: dict = args) -> Job:
                 slot = self._by_identity[peer]
@@ -607,7 +618,7 @@ class WorkerPool:
             self._queue.popleft()
             slot = self._by_identity[peer]
             slot.rid = req.rid
-            req.state, req.slot = "running", slot
+            req.state = "running"
             req.dispatched = time.monotonic()
             req.deadline = req.dispatched + self.config.deadline_s
 

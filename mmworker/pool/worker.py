@@ -134,7 +134,7 @@ class Worker:
         if not isinstance(kinds, str) or len(kinds) != len(payload) - 1:
             raise MmError(f"malformed job: {len(payload) - 1} source frame(s) but kinds {kinds!r}")
         sources = [
-            frame.buffer if kind == KIND_BYTES else bytes(frame.buffer).decode("utf-8")
+            frame.buffer if kind == KIND_BYTES else str(frame.buffer, "utf-8")
             for kind, frame in zip(kinds, payload[1:], strict=True)
         ]
         out = process(self.family, MmInput(ids, sources), alloc=alloc)
