@@ -44,18 +44,25 @@ def named_spec(name: str) -> dict[str, Any]:
     return json.loads(json.dumps(NAMED_SPECS[name]))
 
 
-def pipeline_from_spec(spec: Mapping[str, Any] | str) -> Family:
-    """The family for `spec`: a mapping, a JSON object string, or a bundled name such as "qwen2_vl"."""
+def spec_mapping(spec: Mapping[str, Any] | str) -> dict[str, Any]:
+    """`spec` as a new dict: a bundled name ("qwen2_vl", ...), a JSON object string, or a mapping."""
     if isinstance(spec, str):
         if spec in NAMED_SPECS:
-            spec = NAMED_SPECS[spec]
-        else:
-            try:
-                spec = json.loads(spec)
-            except json.JSONDecodeError as exc:
-                raise MmError(f"mm spec: {exc}") from exc
+            return named_spec(spec)
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            if spec.strip().isidentifier():  # meant as a name, not as JSON
+                named_spec(spec)  # raises "unknown named spec"
+            raise MmError(f"mm spec: {exc}") from exc
     if not isinstance(spec, Mapping):
         raise MmError(f"mm spec: expected a JSON object, got {type(spec).__name__}")
+    return dict(spec)
+
+
+def pipeline_from_spec(spec: Mapping[str, Any] | str) -> Family:
+    """The family for `spec`: a mapping, a JSON object string, or a bundled name such as "qwen2_vl"."""
+    spec = spec_mapping(spec)
     family = spec.get("family")
     if family not in _FAMILIES:
         raise MmError(f"unknown mm family: {family}")

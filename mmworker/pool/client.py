@@ -53,7 +53,7 @@ from mmworker.errors import MmError
 from mmworker.pool.config import PoolConfig
 from mmworker.pool.protocol import IO_IDENTITY, KIND_BYTES, KIND_STRING, needs_io
 from mmworker.pool.reply import Reply, ReplyItem
-from mmworker.registry import named_spec, pipeline_from_spec
+from mmworker.registry import pipeline_from_spec, spec_mapping
 from mmworker.runtime import tuned_environ
 
 log = logging.getLogger("mmworker.pool")
@@ -170,16 +170,13 @@ class WorkerPool:
     """
 
     def __init__(self, spec: Mapping[str, Any] | str, config: PoolConfig | Mapping[str, Any] | str | None = None):
-        if isinstance(spec, str) and not spec.lstrip().startswith("{"):
-            spec = named_spec(spec)
-        elif isinstance(spec, str):
-            spec = json.loads(spec)
+        spec = spec_mapping(spec)
         self.family = pipeline_from_spec(spec)  # a bad spec fails here, before any process starts
         names = {"im_token_id": "image_token_id", "im_start_id": "vision_start_token_id",
                  "im_end_id": "vision_end_token_id", "video_token_id": "video_token_id"}  # fmt: skip
         self._token_ids = {key: getattr(self.family.spec, attr) for key, attr in names.items()
                            if getattr(self.family.spec, attr, None) is not None}  # fmt: skip
-        self._spec = dict(spec)
+        self._spec = spec
         self.config = PoolConfig.from_any(config)
         self.plan = self.config.plan()
         self._res = _Resources()
