@@ -29,6 +29,9 @@ __all__ = ["base64_decode", "fetch_bytes", "read_bounded"]
 # O_NONBLOCK: opening a FIFO for reading blocks until a writer appears, so without it a named pipe
 # would hang the fetch before fstat could reject it. It has no effect on regular files; a character
 # device that would block (a tty) fails with EAGAIN instead of stalling the request.
+# How a source says where its bytes are; anything else is a data: URL or bare base64 (inline, pure CPU).
+REMOTE_PREFIXES = ("http://", "https://")
+LOCAL_PREFIXES = ("file://", "/")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -44,9 +47,9 @@ def fetch_bytes(
     """
     if budget is None:
         budget = ByteBudget(MAX_FETCH_BYTES)
-    if source.startswith(("http://", "https://")):
+    if source.startswith(REMOTE_PREFIXES):
         return http_get(source, budget, timeout_from_env() if timeout is None else timeout, policy)
-    if source.startswith(("file://", "/")):
+    if source.startswith(LOCAL_PREFIXES):
         path = source.removeprefix("file://")
         if policy is not None:
             resolved = policy.check_path(path)

@@ -26,7 +26,7 @@ import zmq
 from ipc.channels import Dealer, new_context
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Stop
 from mmworker.common.budget import ByteBudget
-from mmworker.common.fetch import fetch_bytes
+from mmworker.common.fetch import REMOTE_PREFIXES, fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
 from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
@@ -102,7 +102,7 @@ class IoStage:
                 return
             request = _Request(message.rid, indices, budget)
             for index, source in enumerate(sources):
-                if source.startswith(("http://", "https://")):
+                if source.startswith(REMOTE_PREFIXES):  # downloads run concurrently; files are read now
                     self.waiting.append((request, index, source))
                 else:
                     self._resolve_now(request, index, source)

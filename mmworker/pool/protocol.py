@@ -1,5 +1,7 @@
 """What the pool's processes agree on beyond the ipc schema: identities, source kinds, which sources need I/O."""
 
+from mmworker.common.fetch import LOCAL_PREFIXES, REMOTE_PREFIXES
+
 IO_IDENTITY = b"io"  # the I/O process's channel identity; workers are b"w<index>.<incarnation>"
 
 # Job.args["kinds"]: one letter per image frame after the input_ids frame.
@@ -7,6 +9,9 @@ KIND_BYTES = "b"  # raw encoded bytes (as submitted, or as the I/O process fetch
 KIND_STRING = "s"  # a data: URL or base64 string, decoded on the worker (pure CPU)
 
 
+_IO_PREFIXES = REMOTE_PREFIXES + LOCAL_PREFIXES
+
+
 def needs_io(source: object) -> bool:
     """Sources the I/O process resolves: http(s) URLs and files; data: and base64 stay on CPU workers."""
-    return isinstance(source, str) and source.startswith(("http://", "https://", "file://", "/"))
+    return isinstance(source, str) and source.startswith(_IO_PREFIXES)
