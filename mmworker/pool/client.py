@@ -86,8 +86,7 @@ class PoolStats:
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
-    __slots__ = ("core", "identity", "incarnation", "index", "pending", "proc", "reader", "ready", "rid", "segment",
-                 "started")  # fmt: skip
+    __slots__ = ("core", "identity", "incarnation", "index", "pending", "proc", "reader", "rid", "segment", "started")
 
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
@@ -96,10 +95,14 @@ class _Slot:
         self.segment: Segment | None = None
         self.reader: RingReader | None = None
         self.identity = b""
-        self.ready = False
         self.rid: int | None = None
         self.started = 0.0
         self.pending: list[tuple[int, int]] = []  # released allocations that go with the next Job
+
+    @property
+    def ready(self) -> bool:
+        """Its worker said Hello and its ring is mapped here (reset when the worker is restarted)."""
+        return self.reader is not None
 
 
 class _Request:
@@ -127,8 +130,7 @@ class _Resources:
         self.rundir: RuntimeDir | None = None
         self.context = None
         self.router: Router | None = None
-        self.processes: list[subprocess.Popen] = []
-        self.pidfds: dict[subprocess.Popen, int] = {}  # readable once the process has ended
+        self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
         self.exits = select.poll()  # over the pidfds
         self.segments: list[Segment] = []
         self.closed = False
@@ -137,11 +139,11 @@ class _Resources:
         if self.closed:
             return
         self.closed = True
-        for proc in self.processes:
+        for proc in self.pidfds:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + _STOP_GRACE_S
-        for proc in self.processes:
+        for proc in self.pidfds:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -155,8 +157,7 @@ class _Resources:
         if self.context is not None:
             self.context.term()
         for segment in self.segments:
-            if segment._linked:
-                segment.unlink()
+            segment.unlink()  # idempotent: a retired ring is unlinked already
             segment.close()
         if self.rundir is not None:
             self.rundir.close()
@@ -239,12 +240,10 @@ class WorkerPool:
         proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], env=env, close_fds=True)
         res = self._res
         # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
-        for gone in [p for p in res.processes if p.returncode is not None]:
+        for gone in [p for p in res.pidfds if p.returncode is not None]:
             fd = res.pidfds.pop(gone)
             res.exits.unregister(fd)
             os.close(fd)
-        res.processes = [p for p in res.processes if p.returncode is None]
-        res.processes.append(proc)
         # Not reaped yet, so the pid cannot have been reused.
         res.pidfds[proc] = os.pidfd_open(proc.pid)
         res.exits.register(res.pidfds[proc], select.POLLIN)
@@ -259,7 +258,8 @@ class WorkerPool:
 
     def _start_worker(self, slot: _Slot) -> None:
         slot.incarnation += 1
-        slot.ready, slot.reader, slot.rid, slot.pending = False, None, None, []
+        # Not ready until its Hello; replies still viewing the old ring keep that (read-only) mapping alive.
+        slot.reader, slot.rid, slot.pending = None, None, []
         self._by_identity.pop(slot.identity, None)
         slot.identity = f"w{slot.index}.{slot.incarnation}".encode()
         self._by_identity[slot.identity] = slot
@@ -481,7 +481,6 @@ class WorkerPool:
     def _on_hello(self, slot: _Slot, hello: Hello) -> None:
         slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)
         self._retire(slot)  # both sides have mapped it: from now on it cannot leak
-        slot.ready = True
         self._cold_start.append((time.monotonic() - slot.started) * 1e3)
         self._res.router.mark_idle(slot.identity)
 
@@ -582,7 +581,6 @@ class WorkerPool:
         elif req is not None:
             self._forget(req)
         self._retire(slot)  # if it died before mapping its ring, the name is still there
-        slot.reader = None  # replies still viewing the old ring keep its (read-only) mapping alive
         self._stats["restarts"] += 1
         self._start_worker(slot)
 
@@ -634,13 +632,13 @@ class WorkerPool:
             self._send(slot, Release(slot.index, allocations))
 
     def _reject(self, req: _Request, error: str, *, keep_tracking: bool = False) -> None:
+        """Answer `req` with `error`; `keep_tracking` keeps a cancelled request known until its worker's
+        or the I/O process's answer arrives (and is then dropped and freed)."""
         self._stats["rejected"] += 1
         latency = (time.monotonic() - req.submitted) * 1e3
         self._finished[req.rid] = Reply(req.request_id, False, error, latency_ms=latency)
         if not keep_tracking:
             self._forget(req)
-        else:
-            req.cancelled = True
 
     def _finish(self, req: _Request, reply: Reply) -> None:
         reply.latency_ms = (time.monotonic() - req.submitted) * 1e3
