@@ -490,7 +490,7 @@ class WorkerPool:
         self._res.router.mark_idle(slot.identity)
         if req is None:  # aborted meanwhile: free and drop
             if isinstance(message, Done):
-                self._release(slot, [(d.offset, d.seq) for d in message.tensors.values()])
+                self._release(slot, _allocations(message))
             return
         if isinstance(message, Failed):
             self._reject(req, message.error)
@@ -498,7 +498,7 @@ class WorkerPool:
         try:
             reply = self._accept(req, slot, message)
         except (IpcError, KeyError, TypeError, ValueError) as exc:  # a descriptor that does not check out
-            self._release(slot, [(d.offset, d.seq) for d in message.tensors.values()])
+            self._release(slot, _allocations(message))
             self._reject(req, f"internal error: bad result from worker {slot.index}: {exc}")
             return
         self._finish(req, reply)
@@ -519,7 +519,7 @@ class WorkerPool:
                 _, i, name = key.split(".", 2)
                 auxes[int(i)][name] = np.asarray(value, np.int64)
         items = [ReplyItem(feature=view(f"feature.{i}"), aux=auxes[i], hash=hashes[i]) for i in range(n_items)]
-        allocations = [(d.offset, d.seq) for d in done.tensors.values()]
+        allocations = _allocations(done)
         incarnation = slot.incarnation
         held = sum(d.nbytes for d in done.tensors.values())
         self._held_bytes += held
@@ -676,6 +676,11 @@ class WorkerPool:
         reply = self._finished.pop(rid)
         self._by_request_id.pop(reply.request_id, None)
         return reply
+
+
+def _allocations(done: Done) -> list[tuple[int, int]]:
+    """(offset, seq) of every tensor a Done holds in its worker's ring: what a Release gives back."""
+    return [(d.offset, d.seq) for d in done.tensors.values()]
 
 
 def _override_hashes(hashes: list[int], overrides: list[str] | None, request_id: Any) -> list[int]:

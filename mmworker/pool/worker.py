@@ -162,8 +162,7 @@ class Worker:
         raise IpcError("a result tensor is not in the ring (the family did not use its allocator)")
 
     def _free(self, allocations) -> None:
-        for _, allocation in allocations:
-            self.ring.release(allocation.offset, allocation.seq)
+        self._free_released([(allocation.offset, allocation.seq) for _, allocation in allocations])
         allocations.clear()
 
     def close(self) -> None:
