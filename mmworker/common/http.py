@@ -24,19 +24,15 @@ import re
 import socket
 import urllib.parse
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import pycurl
 
 from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, ByteBudget
 from mmworker.common.noproxy import no_proxy_from_env, no_proxy_matches
+from mmworker.common.policy import HTTP_SCHEMES, MAX_REDIRECTS, MediaPolicy
 from mmworker.errors import MmError
 
-if TYPE_CHECKING:
-    from mmworker.common.policy import MediaPolicy
-
 DEFAULT_TIMEOUT_S = 3  # Python's `int(os.getenv("REQUEST_TIMEOUT", "3"))`, kept by sglang-mm
-MAX_REDIRECTS = 5  # ureq 2's default, which sglang-mm relies on
 
 # libcurl would read TIMEOUT_MS = 0 as "no timeout"; a fetch is never unbounded, so 0 s means 1 ms
 # (fails at once). The upper clamp keeps absurd REQUEST_TIMEOUT values inside a C long of milliseconds.
@@ -83,7 +79,7 @@ def proxy_for(url: str, environ: Mapping[str, str] | None = None) -> str:
     return ""
 
 
-def http_get(url: str, budget: ByteBudget, timeout_s: float, policy: "MediaPolicy | None" = None) -> bytes:
+def http_get(url: str, budget: ByteBudget, timeout_s: float, policy: MediaPolicy | None = None) -> bytes:
     """GET `url` and return the decoded body, charging it to `budget` and capping it at MAX_FETCH_BYTES.
 
     On failure nothing stays claimed from `budget`. Errors (all MmError):
@@ -112,7 +108,7 @@ class Transfer:
     once (or `abandon`), which closes the handle and turns the outcome into bytes or an MmError.
     """
 
-    def __init__(self, url: str, budget: ByteBudget, timeout_s: float, policy: "MediaPolicy | None" = None) -> None:
+    def __init__(self, url: str, budget: ByteBudget, timeout_s: float, policy: MediaPolicy | None = None) -> None:
         if not timeout_s >= 0:  # also rejects NaN
             raise MmError(f"media fetch: timeout must be a non-negative number of seconds, got {timeout_s}")
         if policy is not None:
@@ -199,7 +195,7 @@ class Transfer:
         self.curl.close()
 
 
-def _apply_policy(curl: pycurl.Curl, policy: "MediaPolicy | None") -> None:
+def _apply_policy(curl: pycurl.Curl, policy: MediaPolicy | None) -> None:
     """Where a transfer may go: http/https only (for redirects too) and a bounded number of hops.
 
     PROTOCOLS limits every hop, REDIR_PROTOCOLS says the same for redirects explicitly (libcurl's
@@ -208,7 +204,7 @@ def _apply_policy(curl: pycurl.Curl, policy: "MediaPolicy | None") -> None:
     A media policy narrows the schemes and the hop count; its address and domain checks are the
     transfer's socket and pre-request callbacks.
     """
-    schemes = policy.schemes if policy is not None else ("http", "https")
+    schemes = policy.schemes if policy is not None else HTTP_SCHEMES
     allowed = (pycurl.PROTO_HTTP if "http" in schemes else 0) | (pycurl.PROTO_HTTPS if "https" in schemes else 0)
     curl.setopt(pycurl.PROTOCOLS, allowed)
     curl.setopt(pycurl.REDIR_PROTOCOLS, allowed)

@@ -70,10 +70,10 @@ def no_proxy_matches(url: str, no_proxy: str) -> bool:
                 continue
         entry_host, entry_port = _split_entry_port(entry)
         if entry_port is not None:
-            if port == entry_port and _host_matches(host, entry_host):
+            if port == entry_port and host_matches(host, entry_host):
                 return True
             continue
-        if _host_matches(host, entry):
+        if host_matches(host, entry):
             return True
     return False
 
@@ -86,7 +86,8 @@ def no_proxy_from_env(environ: Mapping[str, str]) -> str:
     return value or ""
 
 
-def _host_matches(host: str, entry: str) -> bool:
+def host_matches(host: str, entry: str) -> bool:
+    """`host` is `entry` or a subdomain of it."""
     return host == entry or host.endswith("." + entry)
 
 

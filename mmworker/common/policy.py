@@ -25,26 +25,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmworker.common.noproxy import host_matches, url_host_port
 from mmworker.errors import MmError
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+HTTP_SCHEMES = ("http", "https")  # all a fetch ever speaks; a policy may narrow them
+MAX_REDIRECTS = 5  # ureq 2's default, which sglang-mm relies on
 
 
 @dataclass(frozen=True)
 class MediaPolicy:
-    schemes: tuple[str, ...] = ("http", "https")
+    schemes: tuple[str, ...] = HTTP_SCHEMES
     allowed_domains: tuple[str, ...] = ()  # empty: any domain
     allow_private: bool = False
     allowed_networks: tuple[str, ...] = ()
     allowed_local_roots: tuple[str, ...] = ()
-    max_redirects: int = 5
+    max_redirects: int = MAX_REDIRECTS
     _networks: tuple = field(default=(), init=False, repr=False, compare=False)
     _roots: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        bad = [s for s in self.schemes if s not in ("http", "https")]
+        bad = [s for s in self.schemes if s not in HTTP_SCHEMES]
         if bad:
             raise MmError(f"media policy: unsupported scheme(s) {bad}; only http and https can be allowed")
         if not isinstance(self.max_redirects, int) or self.max_redirects < 0:
@@ -87,10 +90,8 @@ class MediaPolicy:
         if scheme.lower() not in self.schemes:
             raise MmError(f"media fetch: {url}: scheme {scheme!r} is not allowed")
         if self.allowed_domains:
-            from mmworker.common.noproxy import url_host_port
-
             host, _ = url_host_port(url)
-            if not any(host == d or host.endswith("." + d) for d in self.allowed_domains):
+            if not any(host_matches(host, d) for d in self.allowed_domains):
                 raise MmError(f"media fetch: {url}: host {host!r} is not in the allowed domains")
 
     def address_refusal(self, ip: str) -> str | None:
