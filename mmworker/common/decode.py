@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_pil
-from mmworker.common.png import decode_png
+from mmworker.common.png import PNG_SIGNATURE, decode_png
 from mmworker.errors import MmError
 
 # Largest decoded image, in pixels. Equal to Pillow's DecompressionBombError threshold and to the
@@ -31,10 +31,9 @@ MAX_IMAGE_PIXELS = 178_956_970
 MAX_IMAGE_SIDE = 65535
 
 # Pillow plugin names of the formats we accept, keyed by how their files begin.
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _FORMATS_BY_MAGIC = (
     (b"\xff\xd8\xff", "JPEG"),
-    (_PNG_MAGIC, "PNG"),
+    (PNG_SIGNATURE, "PNG"),
     (b"GIF87a", "GIF"),
     (b"GIF89a", "GIF"),
     (b"BM", "BMP"),
@@ -97,14 +96,6 @@ def _pil_error(exc: BaseException) -> MmError:
     # Pillow sometimes puts object reprs (heap addresses) in messages; never pass those on.
     text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
     return MmError(f"image decode: {text}")
-
-
-def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
-    """Open (header only, nothing decoded yet) an accepted image; every header check is done here."""
-    fmt = sniff_format(data)
-    if fmt == "PNG":
-        _check_png_bit_depth(data)
-    return _open_checked(data, fmt, max_pixels)
 
 
 def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.Image:

@@ -53,27 +53,27 @@ def fetch_bytes(
         path = source.removeprefix("file://")
         if policy is not None:
             resolved = policy.check_path(path)
-            return read_bounded(resolved, budget, what=path)
+            return read_bounded(resolved, budget, what=path, nofollow=True)
         return read_bounded(path, budget)
     if source.startswith("data:"):
         return decode_base64_payload(data_url_payload(source), budget)
     return decode_base64_payload(source, budget)
 
 
-def read_bounded(path: str, budget: ByteBudget, *, what: str | None = None) -> bytes:
+def read_bounded(path: str, budget: ByteBudget, *, what: str | None = None, nofollow: bool = False) -> bytes:
     """Read the file at `path`: at most MAX_FETCH_BYTES, each chunk claimed from `budget` before the read.
 
     Regular files and character devices are read (``/dev/zero`` runs into the cap after 64 MiB + 1
     bytes). FIFOs and block devices are refused with "not a regular file", directories with EISDIR,
     and a Unix socket already fails to open (ENXIO), so nothing here can block or read without end.
-    The fd is closed on every path. `what` names the file in messages (default: `path`); when it is
-    given, `path` is an already resolved path and a symlink swapped in at its end is not followed.
+    The fd is closed on every path. `what` names the file in messages (default: `path`); `nofollow`
+    is for an already resolved path: a symlink swapped in at its end is then not followed.
     """
     shown = path if what is None else what
     if "\0" in path:  # Rust's wording; os.open would say "embedded null byte"
         raise MmError(f"media fetch: {shown}: file name contained an unexpected NUL byte")
     try:
-        fd = os.open(path, _OPEN_FLAGS | (os.O_NOFOLLOW if what is not None else 0))
+        fd = os.open(path, _OPEN_FLAGS | (os.O_NOFOLLOW if nofollow else 0))
     except OSError as e:
         raise MmError(f"media fetch: {shown}: {_os_error_text(e)}") from e
     except ValueError as e:  # a path the filesystem encoding cannot represent (lone surrogates)

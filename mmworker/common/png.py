@@ -61,7 +61,7 @@ from PIL import Image, PngImagePlugin
 
 from mmworker.common.pixels import RgbImage
 
-_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # PngImagePlugin.is_cid: Pillow stops (or, before the image data, fails) on any other chunk type.
 _IS_CID = re.compile(rb"\w\w\w\w").match
 _U32 = struct.Struct(">I")
@@ -162,7 +162,7 @@ def decode_png(data: bytes | memoryview, max_pixels: int, *, zlib_only: bool = F
 def _read_chunks(view: memoryview, max_pixels: int) -> _Header | None:
     """Walk the chunks the way PngImageFile.open and .load do; None wherever Pillow might not succeed."""
     size = len(view)
-    if size < 8 or view[:8] != _SIGNATURE:
+    if size < 8 or view[:8] != PNG_SIGNATURE:
         return None
     header = _read_ihdr(view, max_pixels)
     if header is None:
