@@ -48,13 +48,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _process(args: argparse.Namespace) -> int:
     """Run one request through the driver and describe what the scheduler would receive."""
-    import os
     from pathlib import Path
 
     from mmworker.driver import MmInput, process
-    from mmworker.registry import named_spec, pipeline_from_spec
+    from mmworker.registry import pipeline_from_spec
 
-    family = pipeline_from_spec(Path(args.spec).read_text() if args.spec else named_spec(args.family))
+    family = pipeline_from_spec(Path(args.spec).read_text() if args.spec else args.family)
     token = family.spec.image_token_id
     ids = args.prompt_ids if args.prompt_ids is not None else [token] * len(args.sources)
     # The library treats anything that is not a URL or an absolute path as base64 (the crate's

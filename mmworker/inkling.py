@@ -7,6 +7,7 @@ w % ps == 0, as the Python reference does); patches are row-major, pixels inside
 positions outside the image get the per-channel pad value bf16((PAD_RAW - MEAN_c) / STD_c).
 """
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return (rounded >> np.uint32(16)).astype(np.uint16)
 
 
+@functools.cache  # a function of module constants only: built once, not per image
 def _tables() -> tuple[np.ndarray, np.ndarray]:
     raw = np.arange(256, dtype=np.float32) * INV255
     lut = bf16_bits((raw[None, :] - MEAN[:, None]) / STD[:, None])

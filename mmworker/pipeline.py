@@ -34,7 +34,7 @@ def numpy_allocator(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """Modalities beyond images a family accepts (the driver refuses the ones not declared)."""
+    """Modalities beyond images a family accepts, for callers to ask (MmInput carries images only)."""
 
     video: bool = False
     audio: bool = False
