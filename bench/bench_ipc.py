@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 import zmq
+from yardstick import percentile
 
 from ipc.channels import Dealer, Router, RuntimeDir, new_context
 from ipc.ring import RingReader, RingWriter
@@ -78,11 +79,6 @@ def queue_peer(queue: multiprocessing.Queue, count: int) -> None:
     payload = np.ones(FEATURE_SHAPE, np.float32)
     for _ in range(count):
         queue.put(payload)
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def main() -> int:

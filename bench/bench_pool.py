@@ -24,16 +24,13 @@ import random
 import sys
 import time
 
+from yardstick import percentile
+
 from mmworker import WorkerPool
 from mmworker.corpus import encode, photo_like
 from mmworker.registry import named_spec
 
 P = 151655
-
-
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def closed_loop(pool, data, seconds, in_flight):
@@ -125,7 +122,7 @@ def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
         else:
             empty.append(spent)
     io = (_zmq_io_cpu_s() - io0) / max(1, replies)
-    return (active / max(1, replies) + io) * 1e3, io * 1e3, pct(empty, 0.5) * 1e3
+    return (active / max(1, replies) + io) * 1e3, io * 1e3, percentile(empty, 0.5) * 1e3
 
 
 def main() -> int:
@@ -166,14 +163,14 @@ def main() -> int:
         transport = [r[0] - r[1] - r[2] for r in replies]
         name = ("ordered" if ordered else "unordered") + (", paced" if paced else ", Poisson")
         cells = [
-            pct(lat, 0.5),
-            pct(lat, 0.99),
-            pct(over, 0.5),
-            pct(over, 0.99),
-            pct(transport, 0.5),
-            pct(transport, 0.99),
-            pct([r[3] for r in replies], 0.5),
-            pct([r[3] for r in replies], 0.99),
+            percentile(lat, 0.5),
+            percentile(lat, 0.99),
+            percentile(over, 0.5),
+            percentile(over, 0.99),
+            percentile(transport, 0.5),
+            percentile(transport, 0.99),
+            percentile([r[3] for r in replies], 0.5),
+            percentile([r[3] for r in replies], 0.99),
         ]
         widths = [10, 6, 11, 6, 14, 6, 12, 6]
         row = " ".join(f"{v:{w}.2f}ms" for v, w in zip(cells, widths, strict=True))
@@ -181,10 +178,10 @@ def main() -> int:
         if ordered and not paced:
             where = "ordered, Poisson arrivals at 70% load"
             verdicts += [
-                (f"overhead p50 <= 0.5 ms ({where}, incl. waiting for a free worker): {pct(over, .5):.2f} ms "
-                 f"(excluding that wait {pct(transport, .5):.2f})", pct(over, .5) <= 0.5),
-                (f"overhead p99 <= 2 ms ({where}, incl. waiting for a free worker): {pct(over, .99):.2f} ms "
-                 f"(excluding that wait {pct(transport, .99):.2f})", pct(over, .99) <= 2.0),
+                (f"overhead p50 <= 0.5 ms ({where}, incl. waiting for a free worker): {percentile(over, .5):.2f} ms "
+                 f"(excluding that wait {percentile(transport, .5):.2f})", percentile(over, .5) <= 0.5),
+                (f"overhead p99 <= 2 ms ({where}, incl. waiting for a free worker): {percentile(over, .99):.2f} ms "
+                 f"(excluding that wait {percentile(transport, .99):.2f})", percentile(over, .99) <= 2.0),
                 (f"client CPU per accepted request <= 0.2 ms ({where}, process CPU incl. libzmq's thread): "
                  f"{cpu_ms:.3f} ms", cpu_ms <= 0.2),
             ]  # fmt: skip

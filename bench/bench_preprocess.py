@@ -140,7 +140,8 @@ def main() -> int:
     specs = {mode: {**spec, "resample": mode} for mode in ("aten_u8", "pil")}
     rust = load_reference_extension()
     hf_pil = load_hf_pil(spec)
-    tmp = Path(tempfile.mkdtemp(prefix="mmworker-bench-"))
+    tmp_dir = tempfile.TemporaryDirectory(prefix="mmworker-bench-")  # encoded images, up to 12 MP
+    tmp = Path(tmp_dir.name)
     images = {}
     for size, fmt in CASES:
         w, h = STANDARD_SIZES[size]
@@ -229,6 +230,7 @@ def main() -> int:
         print(f"target {text}: {value:.2f} {'PASS' if ok else 'MISS'}")
     if args.json:
         args.json.write_text(json.dumps({f"{k[0]} {k[1]}": v for k, v in rows.items()}, indent=2))
+    tmp_dir.cleanup()
     return 0 if all(ok for *_, ok in verdicts) else 1
 
 

@@ -1,4 +1,4 @@
-"""What the benchmarks share: the reference Rust extension (a yardstick, loaded only here) and timing."""
+"""What the benchmarks share: the reference Rust extension (a yardstick, loaded only here), timing, percentiles."""
 
 import importlib
 import os
@@ -37,3 +37,9 @@ def median_seconds(fn: Callable[[], object], budget_s: float, min_runs: int = 3,
         fn()
         runs.append(time.perf_counter() - t0)
     return statistics.median(runs)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` by rank, nan for none."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
