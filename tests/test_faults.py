@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import zmq
 from httpserver import MediaServer
+from processes import ended, segments_of
 
-from ipc.segment import SHM_DIR, free_bytes
+from ipc.segment import free_bytes
 from mmworker import MmError, WorkerPool
 from mmworker.corpus import encode, photo_like
 from mmworker.registry import named_spec
@@ -25,18 +26,6 @@ from mmworker.registry import named_spec
 P = 151655
 SPEC = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def segments_of(pid: int) -> list[str]:
-    return [e for e in os.listdir(SHM_DIR) if e.startswith(f"mmw-{pid}-")]
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +102,9 @@ def test_sigkill_of_the_client_takes_workers_and_memory_with_it():
         client.send_signal(signal.SIGKILL)
         client.wait(10)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 2.0 and not all(gone(p) for p in pids):
+        while time.monotonic() - t0 < 2.0 and not all(ended(p) for p in pids):
             time.sleep(0.02)
-        assert all(gone(p) for p in pids), "workers outlived their client by more than 2 s"
+        assert all(ended(p) for p in pids), "workers outlived their client by more than 2 s"
         assert segments_of(client.pid) == []
     finally:
         if client.poll() is None:

@@ -9,18 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import ended, segments_of
 
 from ipc.channels import Router, RuntimeDir, new_context
 from ipc.errors import ChannelClosed
 from ipc.ring import RingReader
-from ipc.segment import SHM_DIR, Segment, new_name
+from ipc.segment import Segment, new_name
 from ipc.wire import Done, Hello, Release, Stop
 
 PEER = str(Path(__file__).with_name("ipc_peer.py"))
-
-
-def segments_of(pid: int) -> list[str]:
-    return [e for e in os.listdir(SHM_DIR) if e.startswith(f"mmw-{pid}-")]
 
 
 class Client:
@@ -159,19 +156,11 @@ def test_sigkill_of_the_owning_process(victim):
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
         deadline = time.monotonic() + 2.0  # workers notice the dead parent within 2 s
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{w}") and _alive(w) for w in writers):
+        while time.monotonic() < deadline and not all(ended(w) for w in writers):
             time.sleep(0.02)
-        assert not any(_alive(w) for w in writers)
+        assert all(ended(w) for w in writers)
         assert segments_of(proc.pid) == []
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

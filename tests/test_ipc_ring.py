@@ -10,22 +10,18 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from processes import segments_of
 
 from ipc.errors import AllocationTooLarge, IpcError, RingFull, SharedMemoryError
 from ipc.ring import ALIGN, RingReader, RingWriter
 from ipc.segment import SHM_DIR, Segment, free_bytes, new_name, sweep_stale
 
 
-def our_segments() -> set[str]:
-    prefix = f"mmw-{os.getpid()}-"
-    return {e for e in os.listdir(SHM_DIR) if e.startswith(prefix)}
-
-
 @pytest.fixture(autouse=True)
 def no_leaks():
-    before = our_segments()
+    before = segments_of()
     yield
-    assert our_segments() == before, "a test left a segment in /dev/shm"
+    assert segments_of() == before, "a test left a segment in /dev/shm"
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 from httpserver import MediaServer
+from processes import ended, segments_of
 
-from ipc.segment import SHM_DIR
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
@@ -21,10 +21,6 @@ from mmworker.registry import named_spec, pipeline_from_spec
 
 P = 151655
 SPEC = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
-
-
-def our_segments() -> list[str]:
-    return [e for e in os.listdir(SHM_DIR) if e.startswith(f"mmw-{os.getpid()}-")]
 
 
 def threads_of(pid: int) -> list[str]:
@@ -47,7 +43,7 @@ def wait_replies(pool, n, timeout=60.0):
 def no_leaked_segments():
     yield
     gc.collect()
-    assert our_segments() == []
+    assert segments_of() == []
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +211,7 @@ def test_close_rejects_everything_pending(images):
     assert [r.request_id for r in replies] == rids and {r.error for r in replies} == {"pool closed"}
     with pytest.raises(MmError, match="pool closed"):
         pool.submit([P], [images["small"]])
-    assert all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
 
 
 def test_garbage_collected_pool_stops_its_processes(images):
@@ -225,15 +221,7 @@ def test_garbage_collected_pool_stops_its_processes(images):
     del pool
     gc.collect()
     assert not os.path.exists(rundir)
-    assert all(not os.path.exists(f"/proc/{pid}") or _zombie(pid) for pid in pids)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    assert all(ended(pid) for pid in pids)
 
 
 def test_each_worker_runs_one_thread_after_real_work(pool, images):
