@@ -5,7 +5,6 @@ import io
 import os
 import re
 import resource
-import struct
 import zlib
 
 import numpy as np
@@ -14,6 +13,7 @@ from conftest import GOLDEN, load_golden
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from pngbuild import SIGNATURE, chunk, ihdr
 
 from mmworker import MmError
 from mmworker.common import image_decode_rgb
@@ -26,13 +26,8 @@ def fixture_bytes(name: str) -> bytes:
     return (GOLDEN / "decode" / name).read_bytes()
 
 
-def png_chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
 def png_claiming(width: int, height: int, idat: bytes) -> bytes:
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+    return SIGNATURE + ihdr(width, height, 8, 2) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["file"])

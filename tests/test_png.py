@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 from PIL import Image
+from pngbuild import SIGNATURE, chunk, ihdr
 
 from mmworker.common import png
 from mmworker.common.decode import MAX_IMAGE_PIXELS
 from mmworker.common.png import decode_png
 from mmworker.corpus import photo_like
 
-SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # (bit depth, colour type) pairs decode_png handles, and the samples per pixel of each.
 SUPPORTED = {
     (1, 0): 1, (2, 0): 1, (4, 0): 1, (8, 0): 1, (8, 2): 3,
@@ -36,15 +36,6 @@ PNG_CASES = [c for c in load_golden("decode_cases.json")["cases"] if c["format"]
 
 
 # --- building PNGs by hand -------------------------------------------------------------------
-
-
-def chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
-    crc = zlib.crc32(kind + body) if crc is None else crc
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc & 0xFFFFFFFF)
-
-
-def ihdr(w: int, h: int, depth: int, colour: int, interlace: int = 0) -> bytes:
-    return chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, interlace))
 
 
 def pack_samples(samples: np.ndarray, depth: int) -> np.ndarray:
