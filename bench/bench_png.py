@@ -12,22 +12,12 @@ when scripts/get_reference_ext.sh has not fetched it).
 import argparse
 import io
 import os
-import statistics
 import sys
 import zlib
 from functools import partial
 
 import numpy as np
-from yardstick import load_reference_extension, median_seconds
-
-
-def measure(fns: dict, rounds: int, budget_s: float) -> dict:
-    """{name: fn} -> {name: median ms}; the functions alternate within each round."""
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(median_seconds(fn, budget_s))
-    return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
+from yardstick import alternating_medians, load_reference_extension
 
 
 def paeth_png(rgb: np.ndarray) -> bytes:
@@ -119,7 +109,7 @@ def main() -> int:
         fns = {"ours": partial(png.decode_png, data, MAX_IMAGE_PIXELS), "pillow": partial(pillow, data)}
         if rust:
             fns["rust"] = partial(rust.common.image_decode_rgb, data)
-        ms = measure(fns, args.rounds, args.budget)
+        ms = alternating_medians(fns, args.rounds, args.budget)
         rust_ms = f"{ms['rust']:.2f}" if rust else "-"
         vs_rust = f"{ms['rust'] / ms['ours']:.2f}x" if rust else "-"
         print(
@@ -147,7 +137,7 @@ def main() -> int:
         "unfilter": partial(png._decode_rows, raw, 720, 1280, 3840, 3, 0, 8, palette, 0, out, 3, scratch),
     }
     print("\n1280x720 RGB, by stage:")
-    for name, value in measure(parts, args.rounds, args.budget).items():
+    for name, value in alternating_medians(parts, args.rounds, args.budget).items():
         print(f"  {name:<14} {value:7.2f} ms")
     return 0
 

@@ -11,12 +11,11 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 from functools import partial
 from pathlib import Path
 
-from yardstick import load_reference_extension, median_seconds
+from yardstick import alternating_medians, load_reference_extension
 
 # Qwen2-VL smart_resize targets (factor 28, min 3136, max 1003520) of each source size: the
 # resizes the preprocessing really does (measurements.md §7.1).
@@ -36,16 +35,13 @@ TARGETS = [  # (operation, case, minimum speed-up over the Rust extension)
 
 def measure(pairs, rounds: int, budget_s: float) -> dict:
     """pairs: {name: (ours, theirs|None)} -> {name: (ours ms, theirs ms|None)}; rounds alternate."""
-    samples = {name: ([], []) for name in pairs}
-    for _ in range(rounds):
-        for name, (ours, theirs) in pairs.items():
-            samples[name][0].append(median_seconds(ours, budget_s))
-            if theirs is not None:
-                samples[name][1].append(median_seconds(theirs, budget_s))
-    return {
-        name: (statistics.median(a) * 1e3, statistics.median(b) * 1e3 if b else None)
-        for name, (a, b) in samples.items()
-    }
+    fns = {}
+    for name, (ours, theirs) in pairs.items():
+        fns[name, "ours"] = ours
+        if theirs is not None:
+            fns[name, "theirs"] = theirs
+    ms = alternating_medians(fns, rounds, budget_s)
+    return {name: (ms[name, "ours"], ms.get((name, "theirs"))) for name in pairs}
 
 
 def main() -> int:

@@ -43,3 +43,13 @@ def percentile(values: list[float], q: float) -> float:
     """The q-quantile (0..1) of `values` by rank, nan for none."""
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def alternating_medians(fns: dict, rounds: int, budget_s: float) -> dict:
+    """{name: fn} -> {name: median ms}: every round times each function in turn (median_seconds), so
+    a slow minute of a shared machine hits all of them alike; the result is the median over rounds."""
+    samples: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(median_seconds(fn, budget_s))
+    return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
