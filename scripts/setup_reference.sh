@@ -40,9 +40,9 @@ fi
 
 if ! have transformers "$TRANSFORMERS_VERSION"; then
     say "installing transformers $TRANSFORMERS_VERSION"
-    "$py" -m pip install -q "transformers==$TRANSFORMERS_VERSION" numpy
+    "$py" -m pip install -q "transformers==$TRANSFORMERS_VERSION"
 fi
-"$py" -m pip install -q numpy
+"$py" -m pip install -q numpy  # every run: the generators need it whatever the steps above skipped
 
 # Pillow last, so nothing above re-resolves it to a newer release.
 pillow_ok=

@@ -42,9 +42,9 @@ def cache_dir() -> Path:
     return Path(base) / "mmworker"
 
 
-def build_default(seed: int, directory: Path | None = None) -> Path:
+def build_default(seed: int) -> Path:
     """Write the default corpus for `seed` (once; later calls reuse the files) and return its directory."""
-    directory = directory or cache_dir() / f"loadtest-corpus-v{CORPUS_VERSION}-seed{seed}"
+    directory = cache_dir() / f"loadtest-corpus-v{CORPUS_VERSION}-seed{seed}"
     done = directory / ".complete"
     if done.exists():
         return directory
