@@ -6,7 +6,6 @@ import numpy as np
 
 from mmworker.common.pixels import RgbImage
 from mmworker.common.resize import resize_image
-from mmworker.errors import MmError
 from mmworker.pipeline import (
     Allocator,
     Capabilities,
@@ -45,11 +44,9 @@ class QwenVL:
         """(t, gh, gw) of an image of this size, or MmError if it cannot be processed."""
         spec = self.spec
         th, tw = smart_resize(height, width, spec.factor, spec.min_pixels, spec.max_pixels)
-        gh, gw = th // spec.patch_size, tw // spec.patch_size
-        m = spec.merge_size
-        if gh == 0 or gw == 0 or gh % m or gw % m:
-            raise MmError(f"qwen_vl: patch grid {gh}x{gw} is empty or not a multiple of merge_size {m}")
-        return 1, gh, gw
+        # smart_resize returns positive multiples of factor = patch_size * merge_size (or raises), so
+        # the grid is never empty and always whole merge blocks.
+        return 1, th // spec.patch_size, tw // spec.patch_size
 
     def feature_shape(self, grid: tuple[int, int, int]) -> tuple[int, int]:
         t, gh, gw = grid
