@@ -157,7 +157,7 @@ class Worker:
     def _desc(self, array: np.ndarray, allocations) -> TensorDesc:
         for candidate, allocation in allocations:
             if candidate is array:
-                dtype = array.dtype.str if array.dtype.itemsize > 1 else "|u1"
+                dtype = array.dtype.str  # the reader refuses any dtype outside ipc.ring.DTYPES
                 return TensorDesc(self.id, allocation.offset, allocation.seq, array.nbytes, dtype, array.shape)
         raise IpcError("a result tensor is not in the ring (the family did not use its allocator)")
 
