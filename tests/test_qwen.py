@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from aligned import float_view_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -164,6 +165,21 @@ def test_patchify_matches_hf_reshape(ps, m, tps, bh, bw, channels, seed):
     out = np.empty((bh * m * bw * m, 3 * tps * ps * ps), np.float32)
     patchify_into(pixels, lut, ps, m, tps, out)
     np.testing.assert_array_equal(out, hf_patchify(pixels[:, :, :3], lut, ps, m, tps))
+
+
+@pytest.mark.parametrize("shift", [0, 1, 3, 8, 15])
+def test_patchify_streams_a_large_output_at_any_alignment(shift):
+    # 20 x 30 patches x 1176 floats: the stage is flushed ~170 times, with the head of every
+    # flush unaligned unless shift is 0.
+    rng = np.random.default_rng(shift)
+    pixels = rng.integers(0, 256, (280, 420, 4), dtype=np.uint8)
+    lut = normalisation_lut((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711), "aten_u8")
+    expected = hf_patchify(pixels[:, :, :3], lut, 14, 2, 2)
+    raw, flat = float_view_at(shift, expected.size)
+    patchify_into(pixels, lut, 14, 2, 2, flat.reshape(expected.shape))
+    np.testing.assert_array_equal(flat.reshape(expected.shape), expected)
+    tail = raw[flat.ctypes.data - raw.ctypes.data + flat.nbytes :]
+    assert (tail == 0xAB).all()
 
 
 def test_preprocess_tv_d1_shapes():
