@@ -1,0 +1,110 @@
+"""The floor under the pool's overhead: bare pyzmq in the pool's shape, with no pool logic at all.
+
+Same topology and load as bench_pool's open loop: a bound ROUTER in this process, two DEALER
+processes pinned one per core and niced like workers, jobs dispatched to an idle worker only,
+Poisson arrivals, the same request bytes (the encoded image) and a small reply. A job is "work"
+that streams memory the way a worker writing pixel_values does (refilling a 22.5 MB array) for a
+given time. What this measures (overhead = reply latency minus work, client CPU per request) is
+what ZeroMQ and waking up cost on this machine before mmworker adds anything.
+"""
+
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+
+import zmq
+
+ECHO_WORKER = r"""
+import os, struct, sys, time
+import numpy as np
+import zmq
+endpoint, identity, core, nice = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
+os.sched_setaffinity(0, {core})
+os.nice(nice)  # before libzmq starts its threads, so they inherit it, as in a pool worker
+sock = zmq.Context(io_threads=1).socket(zmq.DEALER)
+sock.setsockopt(zmq.IDENTITY, identity)
+sock.setsockopt(zmq.LINGER, 0)
+sock.connect(endpoint)
+out = np.empty(22_500_000 // 4, np.float32)
+sock.send(b"ready")
+while True:
+    frames = sock.recv_multipart()
+    if frames[0] == b"stop":
+        break
+    (work_s,) = struct.unpack("d", frames[0])
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < work_s:
+        out.fill(1.0)
+    sock.send(struct.pack("d", (time.monotonic() - t0) * 1e3))
+"""
+
+
+def zmq_floor(payload: bytes, work_ms: float, rate: float, seconds: float, cores: list[int], nice: int) -> tuple:
+    """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers.
+
+    Returns (overheads in ms: reply latency - dispatch wait - work, client CPU ms per request).
+    """
+    with tempfile.TemporaryDirectory(prefix="mmworker-floor-") as tmp:
+        context = zmq.Context(io_threads=1)
+        router = context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        endpoint = f"ipc://{tmp}/floor"
+        router.bind(endpoint)
+        workers = [
+            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice)])
+            for i, core in enumerate(cores)
+        ]
+        try:
+            idle = deque(router.recv_multipart()[0] for _ in workers)
+            return _open_loop(router, idle, payload, work_ms, rate, seconds)
+        finally:
+            for identity in [f"e{i}".encode() for i in range(len(workers))]:
+                router.send_multipart([identity, b"stop"])
+            for proc in workers:
+                proc.wait(timeout=10)
+            router.close()
+            context.term()
+
+
+def _open_loop(router, idle: deque, payload: bytes, work_ms: float, rate: float, seconds: float) -> tuple:
+    rng = random.Random(1)
+    job = struct.pack("d", work_ms / 1e3)
+    waiting: deque[float] = deque()  # arrival times of jobs not yet dispatched
+    running: dict[bytes, float] = {}  # identity -> dispatch time
+    overheads = []
+    cpu0 = time.process_time()
+    t0 = time.monotonic()
+    next_at = t0
+    while time.monotonic() - t0 < seconds or waiting or running:
+        now = time.monotonic()
+        while next_at <= now and now - t0 < seconds:
+            waiting.append(now)
+            next_at += rng.expovariate(rate)
+        while waiting and idle:
+            waiting.popleft()
+            identity = idle.popleft()
+            router.send_multipart([identity, job, payload])
+            running[identity] = time.monotonic()
+        wait = max(0.0, min(next_at - time.monotonic(), 0.05)) if now - t0 < seconds else 0.05
+        if router.poll(int(wait * 1000) + 1, zmq.POLLIN):
+            while router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                identity, reply = router.recv_multipart()
+                arrived = time.monotonic()
+                (busy_ms,) = struct.unpack("d", reply)
+                overheads.append((arrived - running.pop(identity)) * 1e3 - busy_ms)
+                idle.append(identity)
+    cpu_ms = (time.process_time() - cpu0) / max(1, len(overheads)) * 1e3
+    return overheads, cpu_ms
+
+
+if __name__ == "__main__":
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    over, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10)
+    over.sort()
+    print(f"bare ZeroMQ floor: overhead p50 {over[len(over) // 2]:.2f} ms, p99 {over[int(0.99 * len(over))]:.2f} ms, "
+          f"client CPU {cpu:.3f} ms/request over {len(over)} requests")  # fmt: skip
