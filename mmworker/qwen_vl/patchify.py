@@ -40,12 +40,12 @@ def normalisation_lut(mean: tuple[float, ...], std: tuple[float, ...], resample:
 def patchify_into(pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, temporal: int, out: np.ndarray) -> None:
     """Write pixel_values of (h, w, C >= 3) uint8 pixels into out (float32 [gh * gw, dim], C-contiguous).
 
-    h and w must be multiples of patch * merge. Per row of merge blocks (merge * patch image rows),
-    the pixels are normalised once into a band laid out [channel][merge row][patch column][py][px],
-    so that every (patch, channel) plane is one contiguous run of patch^2 floats; the output is then
-    produced strictly in order as whole-plane copies (twice for the temporal duplicate) into an
-    L1-sized stage that is streamed out with non-temporal stores (mmworker.common.stream). The
-    band is a few hundred KB and stays in cache.
+    h and w must be multiples of patch * merge. The output is produced strictly in its own order,
+    merge block by merge block, patch by patch, channel by channel: each (patch, channel) plane is
+    normalised straight from the pixels into an L1-sized stage (one table lookup per sample), its
+    temporal copies are copied from there, and every full stage is streamed out with non-temporal
+    stores (mmworker.common.stream). A merge block's pixels span merge * patch rows and stay in
+    L1/L2 while it is read three times, once per channel.
 
     Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
     branch keeps LLVM from vectorising the copies (measured at 1288x728: 10.5 -> 3.2 ms).
@@ -56,42 +56,40 @@ def patchify_into(pixels: np.ndarray, lut: np.ndarray, patch: int, merge: int, t
     flat = out.reshape(-1)
     n_channels, n_patch = uint64(channels), uint64(patch)
     plane = n_patch * n_patch
-    channel_stride = uint64(merge * gw) * plane
-    band = np.empty(3 * channel_stride, np.float32)
-    lut0, lut1, lut2 = lut[0], lut[1], lut[2]
-    stage = np.empty(_STAGE_FLOATS + patch * patch, np.float32)
+    row_stride = uint64(w) * n_channels
+    # A patch's planes may overshoot a full stage: room for one more patch.
+    stage = np.empty(_STAGE_FLOATS + 3 * temporal * patch * patch, np.float32)
     address = out.ctypes.data
+    chunk = uint64(_STAGE_FLOATS)
     staged = uint64(0)
     at = uint64(0)
-    chunk = uint64(_STAGE_FLOATS)
     for i in range(gh // merge):
-        for mh in range(merge):
-            for py in range(patch):
-                s = uint64(((i * merge + mh) * patch + py) * w * channels)
-                b = uint64(mh * gw) * plane + uint64(py) * n_patch
-                for _col in range(gw):
-                    for px in range(n_patch):
-                        q = s + px * n_channels
-                        band[b + px] = lut0[src[q]]
-                        band[channel_stride + b + px] = lut1[src[q + uint64(1)]]
-                        band[channel_stride + channel_stride + b + px] = lut2[src[q + uint64(2)]]
-                    s += n_patch * n_channels
-                    b += plane
         for j in range(gw // merge):
             for mh in range(merge):
                 for mw in range(merge):
-                    first = uint64(mh * gw + j * merge + mw) * plane
+                    corner = (
+                        uint64((i * merge + mh) * patch) * row_stride + uint64((j * merge + mw) * patch) * n_channels
+                    )
                     for c in range(3):
-                        s = uint64(c) * channel_stride + first
-                        for _t in range(temporal):
+                        lut_c = lut[c]
+                        first = staged
+                        s = corner + uint64(c)
+                        for _py in range(n_patch):
+                            q = s
+                            for px in range(n_patch):
+                                stage[staged + px] = lut_c[src[q]]
+                                q += n_channels
+                            staged += n_patch
+                            s += row_stride
+                        for _t in range(1, temporal):
                             for k in range(plane):
-                                stage[staged + k] = band[s + k]
+                                stage[staged + k] = stage[first + k]
                             staged += plane
-                            if staged >= chunk:
-                                stream_out(flat, at, stage, chunk, address)
-                                at += chunk
-                                staged -= chunk
-                                for k in range(staged):
-                                    stage[k] = stage[chunk + k]
+                    if staged >= chunk:
+                        stream_out(flat, at, stage, chunk, address)
+                        at += chunk
+                        staged -= chunk
+                        for k in range(staged):
+                            stage[k] = stage[chunk + k]
     stream_out(flat, at, stage, staged, address)
     stream_fence()
