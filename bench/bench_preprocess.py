@@ -1,7 +1,8 @@
 """Benchmark of bytes -> pixel_values per image: mmworker vs Hugging Face (both processors) vs the Rust crate.
 
 One process per implementation family, one thread each, pinned to one CPU, allocator tuned, the
-same encoded images, medians of alternating rounds:
+same encoded images; in every round the in-process implementations are called in turn, call by
+call, and each round's medians are taken over those calls; the result is the median over rounds:
 - mmworker `qwen_vl.preprocess` in both modes (aten_u8, pil);
 - `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install
   transformers`; it pulls neither torch nor Pillow);
@@ -26,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from yardstick import load_reference_extension, median_seconds
+from yardstick import interleaved_medians, load_reference_extension
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
@@ -172,8 +173,9 @@ def main() -> int:
         if torchvision is not None:
             samples["HF torchvision (1 thread)"] = []
         for _ in range(args.rounds):
-            for name, fn in impls.items():
-                samples[name].append(median_seconds(fn, args.budget) * 1e3)
+            # Call by call in turn: a slow second of the shared machine hits every implementation.
+            for name, seconds in interleaved_medians(impls, args.budget * len(impls)).items():
+                samples[name].append(seconds * 1e3)
             if torchvision is not None:  # same round, same CPU, so its ratio is side by side too
                 torchvision.stdin.write(f"{path} {args.budget}\n")
                 torchvision.stdin.flush()
