@@ -39,20 +39,22 @@ def median_seconds(fn: Callable[[], object], budget_s: float, min_runs: int = 3,
     return statistics.median(runs)
 
 
-def interleaved_medians(fns: dict, budget_s: float, min_calls: int = 3) -> dict:
+def interleaved_medians(fns: dict, budget_s: float, min_calls: int = 3, warm_calls: int = 1) -> dict:
     """{name: fn} -> {name: median seconds}, calling the functions in turn, one call each per cycle.
 
     On a shared machine whose speed drifts over seconds, neighbouring calls see the same machine,
-    so ratios between the functions hold even when their absolute times do not. Every function is
-    called once first (warm-up); cycles continue until `budget_s` has passed and each function has
-    run `min_calls` times.
+    so ratios between the functions hold even when their absolute times do not. Each timed call
+    follows `warm_calls` untimed calls of the same function, so it finds the caches and allocator
+    as a process running only that function would (as a worker processing images back to back),
+    not as the previous function left them. Cycles continue until `budget_s` has passed and each
+    function has been timed `min_calls` times.
     """
-    for fn in fns.values():
-        fn()
     runs: dict = {name: [] for name in fns}
     deadline = time.perf_counter() + budget_s
     while len(next(iter(runs.values()))) < min_calls or time.perf_counter() < deadline:
         for name, fn in fns.items():
+            for _ in range(warm_calls):
+                fn()
             t0 = time.perf_counter()
             fn()
             runs[name].append(time.perf_counter() - t0)
