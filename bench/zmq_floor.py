@@ -47,7 +47,7 @@ while True:
 def zmq_floor(payload: bytes, work_ms: float, rate: float, seconds: float, cores: list[int], nice: int) -> tuple:
     """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers.
 
-    Returns (overheads in ms: reply latency - dispatch wait - work, client CPU ms per request).
+    Returns (overheads in ms: dispatch -> reply received, minus the work; client CPU ms per request).
     """
     with tempfile.TemporaryDirectory(prefix="mmworker-floor-") as tmp:
         context = zmq.Context(io_threads=1)
@@ -60,13 +60,21 @@ def zmq_floor(payload: bytes, work_ms: float, rate: float, seconds: float, cores
             for i, core in enumerate(cores)
         ]
         try:
-            idle = deque(router.recv_multipart()[0] for _ in workers)
+            idle = deque()
+            while len(idle) < len(workers):
+                if not router.poll(30_000, zmq.POLLIN):
+                    raise RuntimeError("a bare ZeroMQ echo worker did not start within 30 s")
+                idle.append(router.recv_multipart()[0])
             return _open_loop(router, idle, payload, work_ms, rate, seconds)
         finally:
-            for identity in [f"e{i}".encode() for i in range(len(workers))]:
-                router.send_multipart([identity, b"stop"])
+            for i in range(len(workers)):
+                router.send_multipart([f"e{i}".encode(), b"stop"])  # dropped for one that never connected
             for proc in workers:
-                proc.wait(timeout=10)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
             router.close()
             context.term()
 

@@ -9,8 +9,8 @@ allocation never is).
 
 A kernel builds its output in order in a small staging array that stays in L1 and hands each
 filled chunk to `stream_out`, which stores 64-byte aligned runs non-temporally and the unaligned
-edges normally. `stream_fence` must follow the last store:
-non-temporal stores are weakly ordered, and the consumer is told the output is ready right after.
+edges normally. `stream_fence` must follow the last store: non-temporal stores are weakly
+ordered, and the consumer is told the output is ready right after.
 """
 
 from llvmlite import ir
