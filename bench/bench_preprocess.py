@@ -1,8 +1,9 @@
 """Benchmark of bytes -> pixel_values per image: mmworker vs Hugging Face (both processors) vs the Rust crate.
 
 One process per implementation family, one thread each, pinned to one CPU, allocator tuned, the
-same encoded images; in every round the in-process implementations are called in turn, call by
-call, and each round's medians are taken over those calls; the result is the median over rounds:
+same encoded images; in every round the in-process implementations are called in turn, each timed
+call right after an untimed one of the same implementation (yardstick.interleaved_medians), and
+each round's medians are taken over those calls; the result is the median over rounds:
 - mmworker `qwen_vl.preprocess` in both modes (aten_u8, pil);
 - `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install
   transformers`; it pulls neither torch nor Pillow);
