@@ -9,9 +9,10 @@
    accepted request; "delivered" is submit -> returned by poll (latency is submit -> the reply
    arrived; ordered delivery adds the wait for earlier requests). Poisson arrivals often queue
    behind busy workers at 70% load, paced ones rarely: their overhead is mostly the pool's own.
-3. (no verdict) the floor: bare pyzmq in the same shape and at the same load, with jobs that stream
-   memory for the pool's median in-worker time (bench/zmq_floor.py): overhead and client CPU that
-   ZeroMQ and waking up cost here before the pool adds anything;
+3. (no verdict) the floor: bare sockets in the same shape and at the same load, with jobs that stream
+   memory for the pool's median in-worker time (bench/zmq_floor.py), once with the pool's transport
+   (jobs through ZeroMQ, replies on a SOCK_SEQPACKET pair) and once all ZeroMQ: overhead and client CPU that
+   the transport and waking up cost here before the pool adds anything;
 4. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
    its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
    sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
@@ -193,9 +194,15 @@ def main() -> int:
     replies, _ = results[True, False]
     work_ms = percentile([r[1] for r in replies], 0.5)
     nice = PoolConfig().worker_nice if args.worker_nice is None else args.worker_nice
-    floor, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, sorted(os.sched_getaffinity(0))[:2], nice)
-    print(f"  {'bare ZeroMQ floor':<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
-          f"{'':>32} {floor_cpu:13.3f}ms   (same shape and load, {work_ms:.1f} ms jobs, no pool logic)")  # fmt: skip
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
+        floor, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, nice, seqpacket=seqpacket)
+        print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
+              f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
+    print(
+        f"  (floors: same shape and load, {work_ms:.1f} ms jobs, no pool logic; the pool's sends jobs through "
+        "ZeroMQ and gets replies on a SOCK_SEQPACKET pair)"
+    )
 
     with WorkerPool(spec, {**base, "workers": 1}) as pool:
         closed_loop(pool, data, 1.0, 2)

@@ -1,15 +1,19 @@
-"""The floor under the pool's overhead: bare pyzmq in the pool's shape, with no pool logic at all.
+"""The floor under the pool's overhead: bare sockets in the pool's shape, with no pool logic at all.
 
 Same topology and load as bench_pool's open loop: a bound ROUTER in this process, two DEALER
 processes pinned one per core and niced like workers, jobs dispatched to an idle worker only,
 Poisson arrivals, the same request bytes (the encoded image) and a small reply. A job is "work"
 that streams memory the way a worker writing pixel_values does (refilling a 22.5 MB array) for a
-given time. What this measures (overhead = reply latency minus work, client CPU per request) is
-what ZeroMQ and waking up cost on this machine before mmworker adds anything.
+given time. Replies come back either through ZeroMQ too or, as in the pool, through one shared
+AF_UNIX SOCK_SEQPACKET pair (ipc.results). What this measures (overhead = reply latency minus
+work, client CPU per request) is what the transport and waking up cost on this machine before
+mmworker adds anything.
 """
 
 import os
 import random
+import select
+import socket
 import struct
 import subprocess
 import sys
@@ -20,10 +24,11 @@ from collections import deque
 import zmq
 
 ECHO_WORKER = r"""
-import os, struct, sys, time
+import os, socket, struct, sys, time
 import numpy as np
 import zmq
 endpoint, identity, core, nice = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
+results = socket.socket(fileno=int(sys.argv[5])) if len(sys.argv) > 5 else None
 os.sched_setaffinity(0, {core})
 os.nice(nice)  # before libzmq starts its threads, so they inherit it, as in a pool worker
 sock = zmq.Context(io_threads=1).socket(zmq.DEALER)
@@ -40,12 +45,19 @@ while True:
     t0 = time.monotonic()
     while time.monotonic() - t0 < work_s:
         out.fill(1.0)
-    sock.send(struct.pack("d", (time.monotonic() - t0) * 1e3))
+    reply = struct.pack("d", (time.monotonic() - t0) * 1e3)
+    if results is None:
+        sock.send(reply)
+    else:
+        results.send(identity + reply)
 """
 
 
-def zmq_floor(payload: bytes, work_ms: float, rate: float, seconds: float, cores: list[int], nice: int) -> tuple:
-    """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers.
+def zmq_floor(
+    payload: bytes, work_ms: float, rate: float, seconds: float, cores: list[int], nice: int, *, seqpacket: bool
+) -> tuple:
+    """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers;
+    replies through ZeroMQ, or through a shared SOCK_SEQPACKET pair if `seqpacket`.
 
     Returns (overheads in ms: dispatch -> reply received, minus the work; client CPU ms per request).
     """
@@ -55,17 +67,20 @@ def zmq_floor(payload: bytes, work_ms: float, rate: float, seconds: float, cores
         router.setsockopt(zmq.LINGER, 0)
         endpoint = f"ipc://{tmp}/floor"
         router.bind(endpoint)
+        receiving, sending = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        extra = [str(sending.fileno())] if seqpacket else []
         workers = [
-            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice)])
+            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice), *extra],
+                             pass_fds=(sending.fileno(),))
             for i, core in enumerate(cores)
-        ]
+        ]  # fmt: skip
         try:
             idle = deque()
             while len(idle) < len(workers):
                 if not router.poll(30_000, zmq.POLLIN):
                     raise RuntimeError("a bare ZeroMQ echo worker did not start within 30 s")
                 idle.append(router.recv_multipart()[0])
-            return _open_loop(router, idle, payload, work_ms, rate, seconds)
+            return _open_loop(router, receiving if seqpacket else None, idle, payload, work_ms, rate, seconds)
         finally:
             for i in range(len(workers)):
                 router.send_multipart([f"e{i}".encode(), b"stop"])  # dropped for one that never connected
@@ -77,14 +92,19 @@ def zmq_floor(payload: bytes, work_ms: float, rate: float, seconds: float, cores
                     proc.wait()
             router.close()
             context.term()
+            receiving.close()
+            sending.close()
 
 
-def _open_loop(router, idle: deque, payload: bytes, work_ms: float, rate: float, seconds: float) -> tuple:
+def _open_loop(router, results, idle: deque, payload: bytes, work_ms: float, rate: float, seconds: float) -> tuple:
     rng = random.Random(1)
     job = struct.pack("d", work_ms / 1e3)
     waiting: deque[float] = deque()  # arrival times of jobs not yet dispatched
     running: dict[bytes, float] = {}  # identity -> dispatch time
     overheads = []
+    ready = select.poll()
+    if results is not None:
+        ready.register(results.fileno(), select.POLLIN)
     cpu0 = time.process_time()
     t0 = time.monotonic()
     next_at = t0
@@ -99,7 +119,14 @@ def _open_loop(router, idle: deque, payload: bytes, work_ms: float, rate: float,
             router.send_multipart([identity, job, payload])
             running[identity] = time.monotonic()
         wait = max(0.0, min(next_at - time.monotonic(), 0.05)) if now - t0 < seconds else 0.05
-        if router.poll(int(wait * 1000) + 1, zmq.POLLIN):
+        if results is not None:
+            for _ in ready.poll(int(wait * 1000) + 1):
+                record = results.recv(64)
+                identity, reply = record[:-8], record[-8:]
+                arrived = time.monotonic()
+                overheads.append((arrived - running.pop(identity)) * 1e3 - struct.unpack("d", reply)[0])
+                idle.append(identity)
+        elif router.poll(int(wait * 1000) + 1, zmq.POLLIN):
             while router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 identity, reply = router.recv_multipart()
                 arrived = time.monotonic()
@@ -112,7 +139,9 @@ def _open_loop(router, idle: deque, payload: bytes, work_ms: float, rate: float,
 
 if __name__ == "__main__":
     cores = sorted(os.sched_getaffinity(0))[:2]
-    over, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10)
-    over.sort()
-    print(f"bare ZeroMQ floor: overhead p50 {over[len(over) // 2]:.2f} ms, p99 {over[int(0.99 * len(over))]:.2f} ms, "
-          f"client CPU {cpu:.3f} ms/request over {len(over)} requests")  # fmt: skip
+    for seqpacket in (False, True):
+        over, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
+        over.sort()
+        name = "ZeroMQ + SEQPACKET replies" if seqpacket else "ZeroMQ both ways"
+        print(f"{name}: overhead p50 {over[len(over) // 2]:.2f} ms, p99 {over[int(0.99 * len(over))]:.2f} ms, "
+              f"client CPU {cpu:.3f} ms/request over {len(over)} requests")  # fmt: skip

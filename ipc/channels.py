@@ -169,7 +169,12 @@ class Router:
             return peer
         return None
 
+    def watch(self, fd: int) -> None:
+        """Make `poll` return also when `fd` (another channel, e.g. ipc.results) becomes readable."""
+        self._poll_items.append((fd, _POLLIN))
+
     def poll(self, timeout_ms: int) -> bool:
+        """Wait up to timeout_ms for a message here or on a watched fd; True if something arrived."""
         return bool(_zmq_poll(self._poll_items, timeout_ms))
 
     def recv(self) -> tuple[bytes, Message, list] | None:

@@ -2,6 +2,7 @@
 
 python tests/ipc_peer.py writer ENDPOINT RING_NAME WORKER COUNT SEED MAX_BYTES PARENT_PID
 python tests/ipc_peer.py client N_WRITERS RING_BYTES      (prints its segment names, then waits)
+python tests/ipc_peer.py results FD IDENTITY COUNT PAD_BYTES   (COUNT Done records on an inherited results fd)
 """
 
 import math
@@ -15,6 +16,7 @@ import numpy as np
 
 from ipc.channels import Dealer, Router, RuntimeDir, new_context
 from ipc.lifeline import die_with_parent
+from ipc.results import ResultSender
 from ipc.ring import RingWriter
 from ipc.segment import Segment, new_name
 from ipc.wire import WIRE_VERSION, Done, Hello, Release, Stop, TensorDesc
@@ -91,5 +93,14 @@ def client(n_writers, ring_bytes):
         router.recv()
 
 
+def results(fd, identity, count, pad_bytes):
+    """Done(seq) for seq = 1..count, each padded so that records are large and a kill can land mid-send."""
+    sender = ResultSender(int(fd), identity.encode())
+    pad = "x" * int(pad_bytes)
+    for seq in range(1, int(count) + 1):
+        sender.send(Done(seq, {}, {"pad": pad, "check": seq * 7}))
+    sender.close()
+
+
 if __name__ == "__main__":
-    {"writer": writer, "client": client}[sys.argv[1]](*sys.argv[2:])
+    {"writer": writer, "client": client, "results": results}[sys.argv[1]](*sys.argv[2:])

@@ -5,6 +5,7 @@
                          '------------- dispatch to an idle worker <--------'
                                                |
                       worker k (pinned, ring k) -- Done(descriptors) --> Reply(views into ring k)
+                                                       (results channel)
     caller <--poll-- replies in submission order (or completion order), one per request
 
 The pool does nothing on its own thread (it has none): every step happens inside `poll()` (and
@@ -12,6 +13,9 @@ The pool does nothing on its own thread (it has none): every step happens inside
 and overdue requests (deadlines), restart workers, dispatch queued requests to idle workers, hand
 out finished replies. A caller should call `poll()` at least every ~100 ms while requests are in
 flight; `fileno()` becomes readable when a message arrives.
+
+Channels: requests, releases and the I/O process's traffic go through ZeroMQ (ipc.channels); each
+worker's answer comes back on the results channel (ipc.results), which skips libzmq's I/O threads.
 
 Exactly one reply per request, whatever happens: rejected at submit ("queue full", budgets), by a
 worker (its MmError), by the I/O process (fetch errors), "worker crashed", "deadline exceeded",
@@ -44,6 +48,7 @@ import numpy as np
 
 from ipc.channels import Router, RuntimeDir, new_context
 from ipc.errors import ChannelClosed, IpcError
+from ipc.results import ResultsChannel
 from ipc.ring import RingReader
 from ipc.segment import Segment, new_name, sweep_stale
 from ipc.wire import Done, Failed, Hello, Job, Release
@@ -130,6 +135,8 @@ class _Resources:
         self.rundir: RuntimeDir | None = None
         self.context = None
         self.router: Router | None = None
+        self.results: ResultsChannel | None = None
+        self.wake: select.epoll | None = None  # fileno(): readable when the router or the results are
         self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
         self.exits = select.poll()  # over the pidfds
         self.segments: list[Segment] = []
@@ -152,6 +159,10 @@ class _Resources:
         for fd in self.pidfds.values():
             os.close(fd)
         self.pidfds.clear()
+        if self.wake is not None:
+            self.wake.close()
+        if self.results is not None:
+            self.results.close()
         if self.router is not None:
             self.router.close()
         if self.context is not None:
@@ -216,6 +227,11 @@ class WorkerPool:
         res.rundir = RuntimeDir()
         res.context = new_context()
         res.router = Router(res.context, res.rundir.endpoint("work"))
+        res.results = ResultsChannel()
+        res.router.watch(res.results.fileno())
+        res.wake = select.epoll()
+        res.wake.register(res.router.fileno(), select.EPOLLIN)
+        res.wake.register(res.results.fileno(), select.EPOLLIN)
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
         self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
@@ -233,11 +249,12 @@ class WorkerPool:
             res.router.poll(50)
             self._receive()
 
-    def _spawn(self, module: str, args: dict) -> subprocess.Popen:
+    def _spawn(self, module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         """Exec a fresh interpreter for a child (never a fork of this process); it pins itself."""
         env = tuned_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], env=env, close_fds=True)
+        command = [sys.executable, "-m", module, json.dumps(args)]
+        proc = subprocess.Popen(command, env=env, close_fds=True, pass_fds=pass_fds)
         res = self._res
         # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
         for gone in [p for p in res.pidfds if p.returncode is not None]:
@@ -265,12 +282,14 @@ class WorkerPool:
         self._by_identity[slot.identity] = slot
         slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
         self._res.segments.append(slot.segment)
-        args = {"endpoint": self._res.router.endpoint, "worker": slot.index, "incarnation": slot.incarnation,
+        results_fd = self._res.results.sender_fd
+        args = {"endpoint": self._res.router.endpoint, "results_fd": results_fd,
+                "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "nice": self.config.worker_nice,
                 "image_cpu_s": self.config.image_cpu_s}  # fmt: skip
         slot.started = time.monotonic()
-        slot.proc = self._spawn("mmworker.pool.worker", args)
+        slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd,))
 
     # --- the public face ---------------------------------------------------------------------------
 
@@ -415,8 +434,8 @@ class WorkerPool:
         return True
 
     def fileno(self) -> int:
-        """An fd that becomes readable when a message arrives (edge-triggered: then call poll())."""
-        return self._res.router.fileno()
+        """An fd that becomes readable when a message may have arrived: then call poll()."""
+        return self._res.wake.fileno()
 
     def stats(self) -> PoolStats:
         return PoolStats(
@@ -442,6 +461,9 @@ class WorkerPool:
                 self._reject(req, "pool closed")
         self._requests.clear()
         self._finalizer()  # terminates the processes; nothing they hold is needed any more
+        for slot in getattr(self, "_slots", ()):  # absent if start-up failed early
+            # Unmapped now, or when the last reply still viewing the ring lets go of it.
+            slot.reader = None
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -463,20 +485,25 @@ class WorkerPool:
         self._dispatch()
 
     def _receive(self) -> None:
+        results = self._res.results
+        while (got := results.recv()) is not None:
+            peer, message = got
+            slot = self._worker(peer)
+            if slot is not None and isinstance(message, (Done, Failed)):
+                self._on_result(slot, message)
         router = self._res.router
         while (got := router.recv()) is not None:
             peer, message, payload = got
             if peer == IO_IDENTITY:
                 self._on_io(message, payload)
-                continue
-            slot = self._by_identity.get(peer)
-            if slot is None:
-                log.warning("message from unknown or replaced peer %r dropped", peer)
-                continue
-            if isinstance(message, Hello):
+            elif (slot := self._worker(peer)) is not None and isinstance(message, Hello):
                 self._on_hello(slot, message)
-            elif isinstance(message, (Done, Failed)):
-                self._on_result(slot, message)
+
+    def _worker(self, peer: bytes) -> _Slot | None:
+        slot = self._by_identity.get(peer)
+        if slot is None:
+            log.warning("message from unknown or replaced peer %r dropped", peer)
+        return slot
 
     def _on_hello(self, slot: _Slot, hello: Hello) -> None:
         slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)

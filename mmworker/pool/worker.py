@@ -3,8 +3,11 @@
 Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interpreter: never a fork
 of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
 
-    {"endpoint": ..., "worker": k, "incarnation": n, "ring": name, "cores": [c] | null,
-     "spec": {...}, "parent": pid, "image_cpu_s": s}
+    {"endpoint": ..., "results_fd": fd, "worker": k, "incarnation": n, "ring": name,
+     "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s}
+
+Jobs, releases and Stop arrive through ZeroMQ (`endpoint`); Hello goes back that way too, but each
+job's answer goes through the inherited `results_fd` (ipc.results: no libzmq thread on that path).
 
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
 a tiny image -> map the ring -> Hello -> then one job at a time:
@@ -13,7 +16,7 @@ a tiny image -> map the ring -> Hello -> then one job at a time:
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
       -> driver.process(family, MmInput, alloc=ring allocator)
       -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta)
-      or Failed(reason); the job's allocations are freed on every failure path.
+      or Failed(reason), on the results channel; the job's allocations are freed on every failure path.
 
 While waiting for ring space it applies Release messages (the only way space comes back). libzmq
 adds its own I/O and reaper threads to the process; they only move bytes.
@@ -30,7 +33,8 @@ import traceback
 import numpy as np
 
 from ipc.channels import Dealer, new_context
-from ipc.errors import IpcError
+from ipc.errors import ChannelClosed, IpcError
+from ipc.results import ResultSender
 from ipc.ring import RingWriter
 from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
@@ -56,8 +60,10 @@ class Worker:
         self._warm_up()
         self.segment = Segment.attach(args["ring"], writable=True)
         self.ring = RingWriter(self.segment, self.id)
+        identity = f"w{self.id}.{args['incarnation']}".encode()
+        self.results = ResultSender(int(args["results_fd"]), identity)
         self.context = new_context()
-        self.channel = Dealer(self.context, args["endpoint"], f"w{self.id}.{args['incarnation']}".encode())
+        self.channel = Dealer(self.context, args["endpoint"], identity)
         self.stopping = False
         ready_ms = (time.monotonic() - self.started) * 1e3
         self.channel.send(Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms))
@@ -126,7 +132,13 @@ class Worker:
             signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         if isinstance(answer, Failed):
             self._free(allocations)
-        self.channel.send(answer)
+        try:
+            self.results.send(answer)
+        except ChannelClosed:
+            raise  # the client is gone: nothing to answer to (the lifeline ends this process)
+        except IpcError as exc:  # e.g. a result too large for one record: still answer, as a rejection
+            self._free(allocations)
+            self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}"))
 
     def _compute(self, job: Job, payload: list, alloc, allocations, t0: float) -> Done:
         ids = np.frombuffer(payload[0].buffer, dtype="<i8")
@@ -166,6 +178,7 @@ class Worker:
         allocations.clear()
 
     def close(self) -> None:
+        self.results.close()
         self.channel.close()
         self.context.term()
         del self.ring
