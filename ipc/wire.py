@@ -1,8 +1,11 @@
 """The wire format: versioned msgspec messages, never pickle, validated into plain values on receipt.
 
-A message on a socket is a multipart ZeroMQ message:
+A message on a ZeroMQ socket is a multipart message:
 
     [header: msgpack of one message struct below] [payload frame 0] [payload frame 1] ...
+
+(On the results channel, ipc.results, a message is one record: the sender's identity, then the
+header; Done and Failed travel there, without payload frames.)
 
 Only the header is decoded; payload frames (raw image bytes, for instance) are passed on as they
 are, zero-copy, and never interpreted by the transport. Decoding checks the version, the header's
