@@ -9,9 +9,11 @@ A family describes data and never runs a request (the crate's `MmFamilyProcessor
 
 `process_item` writes its feature into an array it gets from `alloc(shape, dtype)`: in process that
 is `np.empty`, in a pool worker it is a slice of shared memory, so the feature is computed straight
-into its final place. The driver (mmworker.driver) owns control flow and the failure protocol;
-`apply_layout` here turns a layout into expanded ids and inclusive offsets with every coverage check
-the crate makes, so no family can produce an inconsistent request.
+into its final place. It consumes its image: it may release it (`RgbImage.release`) as soon as it
+has read it, so that the decoded pixels' memory can be reused within the same item. The driver
+(mmworker.driver) owns control flow and the failure protocol; `apply_layout` here turns a layout
+into expanded ids and inclusive offsets with every coverage check the crate makes, so no family can
+produce an inconsistent request.
 """
 
 from collections.abc import Callable, Sequence

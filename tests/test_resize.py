@@ -1,6 +1,7 @@
 """resize_rgb: bit-exact with stock Pillow 12 (pil_*) and torchvision (aten_u8) at zero tolerance."""
 
 import hashlib
+import weakref
 
 import numpy as np
 import pytest
@@ -93,6 +94,21 @@ def test_pillow_storage_view_input_gives_the_same_pixels(resample):
     assert view is not None and view.shape == (45, 77, 4)
     from_view = resize_image(RgbImage(pixels=view, pil=None), 50, 33, resample).pixels[:, :, :3]
     np.testing.assert_array_equal(from_view, resize_rgb(src, 50, 33, resample))
+
+
+@pytest.mark.parametrize("resample", RESAMPLERS)
+@pytest.mark.parametrize("size", [(50, 33), (77, 33), (50, 45), (160, 90)])  # both passes, one each, upscale
+def test_consume_frees_the_source_mid_resize_and_changes_no_pixel(resample, size):
+    # A decoded image as the pipeline gets it: a view of a Pillow image's storage, plus that image.
+    src = np.random.default_rng(7).integers(0, 256, (45, 77, 3), dtype=np.uint8)
+    owner = image_from_rgb(src)
+    image = RgbImage(pixels=storage_view(owner), pil=owner)
+    gone = weakref.ref(owner)
+    del owner
+    out = resize_image(image, *size, resample, consume=True)
+    assert gone() is None  # the decoded image's memory was free before the call returned
+    assert image.height == image.width == 0
+    np.testing.assert_array_equal(out.pixels[:, :, :3], resize_rgb(src, *size, resample))
 
 
 @pytest.mark.parametrize("resample", RESAMPLERS)

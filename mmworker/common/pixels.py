@@ -21,7 +21,7 @@ from mmworker.errors import MmError
 RGB_STORAGE_MODES = frozenset({"RGB", "RGBA", "RGBX"})
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class RgbImage:
     """Pixels whose first three channels are R, G, B, and the Pillow image that owns them, if any.
 
@@ -32,6 +32,16 @@ class RgbImage:
 
     pixels: np.ndarray
     pil: Image.Image | None = None
+
+    def release(self) -> None:
+        """Drop this object's hold on the pixels, so their memory is freed once nothing else holds it.
+
+        Whoever consumes an image (a family's process_item) calls this as soon as it no longer
+        needs the pixels, although its caller still holds the object: then the memory of a decoded
+        image can be reused for what is computed from it. Afterwards the image is empty (0 x 0).
+        """
+        self.pixels = np.empty((0, 0, 3), np.uint8)
+        self.pil = None
 
     @property
     def height(self) -> int:

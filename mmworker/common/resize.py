@@ -36,17 +36,41 @@ def check_output_size(out_w: int, out_h: int) -> None:
         raise MmError(f"output size {out_w}x{out_h} is above the limit of {MAX_IMAGE_PIXELS} pixels")
 
 
-def resize_image(image: RgbImage, out_w: int, out_h: int, resample_name: str) -> RgbImage:
-    """Resize to out_w x out_h; the result may view Pillow memory (aten_u8) or be a new array."""
+def resize_image(image: RgbImage, out_w: int, out_h: int, resample_name: str, *, consume: bool = False) -> RgbImage:
+    """Resize to out_w x out_h; the result may view Pillow memory (aten_u8) or be a new array.
+
+    `consume` releases `image` (RgbImage.release) as soon as it has been read, so that its memory
+    can hold what comes next; the caller must not use it afterwards.
+    """
     check_resample(resample_name)
     check_output_size(out_w, out_h)
     if resample_name == "aten_u8":
         if (out_w, out_h) == (image.width, image.height):
             return image
-        return from_pil(image.to_pil().resize((out_w, out_h), Image.Resampling.BICUBIC))
+        return _resize_aten_u8(image, out_w, out_h, consume)
     out = np.empty((out_h, out_w, 3), np.uint8)
     resample.resize_fixed_point(image.pixels, out_w, out_h, _FIXED_POINT_KIND[resample_name], out)
+    if consume:
+        image.release()
     return RgbImage(pixels=out)
+
+
+def _resize_aten_u8(image: RgbImage, out_w: int, out_h: int, consume: bool) -> RgbImage:
+    # pillow-simd resizes horizontally, then vertically, each pass with its own coefficients
+    # (from the input size, output size and box only), rounding to uint8 in between. Two calls
+    # make the same passes with the same coefficients, so the result is the same bytes; but
+    # between them the source can go, and the vertical pass's output can take its memory (peak
+    # RSS at 1920x1080 -> 1316x728: 1.77x -> 1.17x the pixel_values size).
+    pil = image.to_pil()
+    if consume:
+        image.release()
+    del image
+    w, h = pil.size
+    if out_w != w:
+        pil = pil.resize((out_w, h), Image.Resampling.BICUBIC)
+    if out_h != h:
+        pil = pil.resize((out_w, out_h), Image.Resampling.BICUBIC)
+    return from_pil(pil)
 
 
 def resize_rgb(arr: np.ndarray, out_w: int, out_h: int, resample: str = "pil_lanczos") -> np.ndarray:

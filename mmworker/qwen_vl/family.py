@@ -57,7 +57,7 @@ class QwenVL:
         grid = self.grid_for(image.height, image.width)
         th, tw = grid[1] * spec.patch_size, grid[2] * spec.patch_size
         if (th, tw) != (image.height, image.width):
-            image = resize_image(image, tw, th, _RESAMPLER[spec.resample])
+            image = resize_image(image, tw, th, _RESAMPLER[spec.resample], consume=True)
         feature = alloc(self.feature_shape(grid), np.dtype(np.float32))
         patchify_into(
             np.ascontiguousarray(image.pixels), self._lut, spec.patch_size, spec.merge_size,
