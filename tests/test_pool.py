@@ -4,6 +4,7 @@ import asyncio
 import base64
 import gc
 import os
+import select
 import signal
 import tempfile
 import time
@@ -306,6 +307,19 @@ def test_to_sglang_dict(pool, images):
             151655, 151652, 151653, 151656)  # fmt: skip
     with pytest.raises(ValueError, match="was rejected"):
         to_sglang(pool.process([P], [b"junk"]))
+
+
+def test_fileno_wakes_a_sleeping_loop_when_the_answer_arrives(pool, images):
+    rid = pool.submit([P], [images["jpeg"]])
+    got = []
+    for _ in range(100):  # a wake-up may also stand for other traffic; the answer must come with one
+        readable, _, _ = select.select([pool.fileno()], [], [], 30)
+        assert readable, "fileno() did not become readable within 30 s"
+        got = pool.poll(0)
+        if got:
+            break
+    assert [r.request_id for r in got] == [rid] and got[0].ok
+    got[0].release()
 
 
 def test_aprocess(pool, images):

@@ -410,7 +410,8 @@ class WorkerPool:
                 if rid in self._finished:
                     return self._take(rid)
                 wake.clear()
-                # The fd is edge-triggered; the timeout keeps liveness and deadline checks going.
+                # One wake-up can stand for several messages (ZeroMQ's part of the fd is
+                # edge-triggered); the timeout keeps liveness and deadline checks going.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), 0.05)
         finally:
