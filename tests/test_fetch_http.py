@@ -5,8 +5,6 @@ the network. Each fetch is wrapped in `_fetch`, which also checks that no fd sta
 server fixture checks that no thread outlives it.
 """
 
-import contextlib
-import os
 import re
 import threading
 import time
@@ -14,6 +12,7 @@ import urllib.parse
 
 import pytest
 from httpserver import ForwardProxy, MediaServer, RunningServer, SilentListener, gzip_of_zeros, pattern
+from processes import open_fds
 
 from mmworker.common.budget import MAX_FETCH_BYTES, ByteBudget
 from mmworker.common.fetch import fetch_bytes
@@ -50,15 +49,6 @@ def proxy(server):
         srv.stop()
 
 
-def _fds() -> dict[str, str]:
-    """Open fds and what they point at (the target makes a failure message useful)."""
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # the fd listdir itself used is gone by now
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-    return out
-
-
 def _fetch(
     servers: RunningServer | tuple[RunningServer, ...], source: str, budget: ByteBudget | None = None, **kw
 ) -> bytes:
@@ -69,13 +59,13 @@ def _fetch(
     servers = servers if isinstance(servers, tuple) else (servers,)
     for srv in servers:
         srv.wait_idle()
-    before = _fds()
+    before = open_fds()
     try:
         return fetch_bytes(source, budget, **kw)
     finally:
         for srv in servers:
             srv.wait_idle()
-        after = _fds()
+        after = open_fds()
         assert after == before, f"fetch left a file descriptor open: {set(after.items()) - set(before.items())}"
 
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 from httpserver import MediaServer
-from processes import ended, segments_of
+from processes import ended, open_fds, segments_of
 
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
@@ -215,26 +215,20 @@ def test_close_rejects_everything_pending(images):
     assert all(ended(pid) for pid in pids)
 
 
-def socket_inodes(pid: int) -> set[str]:
-    links = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except FileNotFoundError:  # closed meanwhile
-            continue
-    return {link for link in links if link.startswith("socket:")}
+def sockets_of(pid: int) -> set[str]:
+    return {link for link in open_fds(pid).values() if link.startswith("socket:")}
 
 
 def test_only_workers_hold_the_results_channel_and_close_leaves_no_fd(images):
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_fds()
     pool = WorkerPool(SPEC, {"workers": 1, "ring_mib": 64})
     pool.process([P], [images["small"]]).release()
     sending_end = f"socket:[{os.fstat(pool._res.results.sender_fd).st_ino}]"
     [worker] = pool.worker_pids()
-    assert sending_end in socket_inodes(worker)
-    assert sending_end not in socket_inodes(pool.io_pid())  # the I/O process cannot forge results
+    assert sending_end in sockets_of(worker)
+    assert sending_end not in sockets_of(pool.io_pid())  # the I/O process cannot forge results
     pool.close()
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert open_fds() == before
 
 
 def test_garbage_collected_pool_stops_its_processes(images):
