@@ -193,6 +193,21 @@ def test_preprocess_tv_d1_shapes():
     assert item.geometry.h == 3 and item.feature.shape == (9, 24)
 
 
+@pytest.mark.parametrize("resample", ["aten_u8", "pil"])
+def test_alpha_is_dropped_not_premultiplied_when_pillow_decodes_rgba(resample):
+    # Pillow decodes a WebP with alpha into RGBA storage; pillow-simd would resize that premultiplied
+    # by alpha, while HF converts to RGB (alpha dropped) and then resizes.
+    rgba = np.random.default_rng(3).integers(0, 256, (300, 401, 4), dtype=np.uint8)
+    webp, png = io.BytesIO(), io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(webp, "WEBP", lossless=True)
+    Image.open(io.BytesIO(webp.getvalue())).convert("RGB").save(png, "PNG")
+    spec = {**named_spec("qwen2_vl"), "max_pixels": 1003520, "resample": resample}
+    got, grid = preprocess(webp.getvalue(), spec)
+    expected, expected_grid = preprocess(png.getvalue(), spec)
+    assert grid == expected_grid and grid != (1, 300 // 14, 401 // 14)  # a real resize happened
+    np.testing.assert_array_equal(got, expected)
+
+
 # --- M-RoPE --------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import reference_resize
 from conftest import load_golden
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from sources import make_source, tv_r1_source, tv_r4_source
 
 from mmworker import MmError
@@ -109,6 +110,20 @@ def test_consume_frees_the_source_mid_resize_and_changes_no_pixel(resample, size
     assert gone() is None  # the decoded image's memory was free before the call returned
     assert image.height == image.width == 0
     np.testing.assert_array_equal(out.pixels[:, :, :3], resize_rgb(src, *size, resample))
+
+
+@pytest.mark.parametrize("pixels_kind", ["storage view", "copied out"])
+def test_an_rgba_owner_is_resized_as_its_colour_alone(pixels_kind):
+    # Alpha is dropped, never composited; Pillow would resize an RGBA image premultiplied.
+    rgba = np.random.default_rng(11).integers(0, 256, (45, 77, 4), dtype=np.uint8)
+    owner = Image.fromarray(rgba, "RGBA").copy()  # fromarray maps the array; copy() owns its storage
+    pixels = storage_view(owner) if pixels_kind == "storage view" else np.ascontiguousarray(rgba[:, :, :3])
+    image = RgbImage(pixels=pixels, pil=owner)
+    assert image.to_pil().mode != "RGBA"
+    out = resize_image(image, 50, 33, "aten_u8")
+    np.testing.assert_array_equal(
+        out.pixels[:, :, :3], resize_rgb(np.ascontiguousarray(rgba[:, :, :3]), 50, 33, "aten_u8")
+    )
 
 
 @pytest.mark.parametrize("resample", RESAMPLERS)

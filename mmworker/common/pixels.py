@@ -52,8 +52,22 @@ class RgbImage:
         return self.pixels.shape[1]
 
     def to_pil(self) -> Image.Image:
-        """The Pillow image of these pixels (the owner itself, or a copy made for Pillow)."""
-        return self.pil if self.pil is not None else image_from_rgb(self.pixels)
+        """A Pillow image of these pixels' colour: the owner itself, the owner's storage seen as RGBX
+        (an RGBA owner), or a copy made for Pillow.
+
+        Never RGBA: Pillow resizes RGBA premultiplied by alpha, which changes the colour of every
+        pixel that is not opaque, and alpha is dropped here by rule, never composited. RGBX has the
+        same layout and is resized channel by channel like RGB. That RGBX image maps the owner's
+        memory (Image.frombuffer), so it must not be given to `storage_view`; what Pillow computes
+        from it is an ordinary image.
+        """
+        if self.pil is not None and self.pil.mode != "RGBA":
+            return self.pil
+        if self.pil is not None and self.pixels.shape[2] == 4:  # a view of the RGBA owner's storage
+            h, w = self.pixels.shape[:2]
+            # Maps the same memory (no copy); it keeps the view, and with it the owner, alive.
+            return Image.frombuffer("RGBX", (w, h), self.pixels, "raw", "RGBX", 0, 1)
+        return image_from_rgb(self.pixels)
 
 
 class _ArrowArray(ctypes.Structure):
