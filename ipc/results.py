@@ -5,9 +5,9 @@ Requests go to workers through ZeroMQ (ipc.channels); what a worker sends back w
 message crosses two extra threads (the sender's libzmq I/O thread, then the receiver's) before the
 receiving thread wakes, and on a machine whose cores are all busy with workers each of those
 hand-offs waits for the scheduler. Measured on the 2-core dev VM, the pool's shape with bare
-sockets and no pool logic (bench/zmq_floor.py, medians of 4 runs): reply overhead p50 / p99 after
-the work 0.59 / 4.0 ms through ZeroMQ, 0.38 / 1.2 ms through this pair, and client CPU per
-request 0.57 -> 0.45 ms.
+sockets and no pool logic (bench/zmq_floor.py, medians of 5 runs): reply overhead p50 / p99 after
+the work 0.58 / 3.9 ms through ZeroMQ, 0.35 / 0.76 ms through this pair, and client CPU per
+request 0.56 -> 0.43 ms.
 
 One pair per client. The client keeps both ends: it reads from one (`ResultsChannel`) and every
 worker it starts inherits the other (`ResultSender`). A SOCK_SEQPACKET send is one record,
