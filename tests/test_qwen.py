@@ -193,18 +193,45 @@ def test_preprocess_tv_d1_shapes():
     assert item.geometry.h == 3 and item.feature.shape == (9, 24)
 
 
+def _encoded_with_modes() -> dict[str, bytes]:
+    rgba = Image.fromarray(np.random.default_rng(3).integers(0, 256, (157, 233, 4), dtype=np.uint8), "RGBA")
+    rgb = rgba.convert("RGB")
+    cases = {
+        "webp lossless rgba": (rgba, "WEBP", {"lossless": True}),
+        "webp lossy rgba": (rgba, "WEBP", {"quality": 80}),
+        "webp lossy rgb": (rgb, "WEBP", {"quality": 80}),
+        "bmp rgba": (rgba, "BMP", {}),
+        "gif with transparency": (rgba.convert("P"), "GIF", {"transparency": 3}),
+        "png rgba": (rgba, "PNG", {}),
+        "png la": (rgba.convert("LA"), "PNG", {}),
+        "png palette trns": (rgba.convert("P"), "PNG", {"transparency": 5}),
+        "png 1-bit": (rgba.convert("1"), "PNG", {}),
+        "jpeg grey": (rgba.convert("L"), "JPEG", {}),
+        "jpeg cmyk": (rgb.convert("CMYK"), "JPEG", {}),
+    }
+    out = {}
+    for name, (image, fmt, options) in cases.items():
+        buf = io.BytesIO()
+        image.save(buf, fmt, **options)
+        out[name] = buf.getvalue()
+    return out
+
+
+ENCODED_WITH_MODES = _encoded_with_modes()
+
+
 @pytest.mark.parametrize("resample", ["aten_u8", "pil"])
-def test_alpha_is_dropped_not_premultiplied_when_pillow_decodes_rgba(resample):
-    # Pillow decodes a WebP with alpha into RGBA storage; pillow-simd would resize that premultiplied
-    # by alpha, while HF converts to RGB (alpha dropped) and then resizes.
-    rgba = np.random.default_rng(3).integers(0, 256, (300, 401, 4), dtype=np.uint8)
-    webp, png = io.BytesIO(), io.BytesIO()
-    Image.fromarray(rgba, "RGBA").save(webp, "WEBP", lossless=True)
-    Image.open(io.BytesIO(webp.getvalue())).convert("RGB").save(png, "PNG")
+@pytest.mark.parametrize("name", list(ENCODED_WITH_MODES))
+def test_every_mode_is_processed_as_its_rgb_conversion(name, resample):
+    # behaviour.md: convert("RGB"), alpha dropped, never composited. Pillow decodes some of these
+    # into RGBA storage, which pillow-simd would resize premultiplied by alpha.
+    data = ENCODED_WITH_MODES[name]
+    png = io.BytesIO()
+    Image.open(io.BytesIO(data)).convert("RGB").save(png, "PNG")
     spec = {**named_spec("qwen2_vl"), "max_pixels": 1003520, "resample": resample}
-    got, grid = preprocess(webp.getvalue(), spec)
+    got, grid = preprocess(data, spec)
     expected, expected_grid = preprocess(png.getvalue(), spec)
-    assert grid == expected_grid and grid != (1, 300 // 14, 401 // 14)  # a real resize happened
+    assert grid == expected_grid == (1, 12, 16)  # 157 x 233 -> 168 x 224: resized both ways
     np.testing.assert_array_equal(got, expected)
 
 
