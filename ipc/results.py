@@ -80,11 +80,9 @@ class ResultsChannel:
         if n == 0 or 1 + self._buffer[0] > n or self._buffer[0] == 0:
             raise WireError(f"record of {n} bytes has no complete identity")
         end = 1 + self._buffer[0]
-        identity = bytes(self._view[1:end])
-        message, payload = decode([self._view[end:n]])
-        if payload:  # cannot happen (decode checks the count against one frame); kept as a guard
-            raise WireError("result records carry no payload frames")
-        return identity, message
+        # One frame: decode refuses a message that announces payload frames.
+        message, _ = decode([self._view[end:n]])
+        return bytes(self._view[1:end]), message
 
     def close(self) -> None:
         self._view.release()
@@ -100,12 +98,14 @@ class ResultSender:
 
     def __init__(self, fd: int, identity: bytes) -> None:
         self._sock = socket.socket(fileno=fd)
-        if self._sock.type != socket.SOCK_SEQPACKET or not 0 < len(identity) <= _MAX_IDENTITY:
-            kind = self._sock.type
+        problem = None
+        if self._sock.type != socket.SOCK_SEQPACKET:
+            problem = f"fd {fd} is not a SOCK_SEQPACKET socket"
+        elif not 0 < len(identity) <= _MAX_IDENTITY:
+            problem = f"identity of {len(identity)} bytes (1..{_MAX_IDENTITY})"
+        if problem is not None:
             self._sock.close()
-            if kind != socket.SOCK_SEQPACKET:
-                raise IpcError(f"fd {fd} is not a SOCK_SEQPACKET socket")
-            raise IpcError(f"identity of {len(identity)} bytes (1..{_MAX_IDENTITY})")
+            raise IpcError(problem)
         self._sock.setblocking(True)  # a full queue waits for the client to read, it never drops
         self.identity = identity
 
