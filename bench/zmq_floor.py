@@ -22,6 +22,7 @@ import time
 from collections import deque
 
 import zmq
+from yardstick import percentile
 
 ECHO_WORKER = r"""
 import os, socket, struct, sys, time
@@ -68,10 +69,10 @@ def zmq_floor(
         endpoint = f"ipc://{tmp}/floor"
         router.bind(endpoint)
         receiving, sending = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        extra = [str(sending.fileno())] if seqpacket else []
+        inherit = (sending.fileno(),) if seqpacket else ()  # where replies go, if not through ZeroMQ
         workers = [
-            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice), *extra],
-                             pass_fds=(sending.fileno(),))
+            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice),
+                              *map(str, inherit)], pass_fds=inherit)
             for i, core in enumerate(cores)
         ]  # fmt: skip
         try:
@@ -141,7 +142,6 @@ if __name__ == "__main__":
     cores = sorted(os.sched_getaffinity(0))[:2]
     for seqpacket in (False, True):
         over, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
-        over.sort()
         name = "ZeroMQ + SEQPACKET replies" if seqpacket else "ZeroMQ both ways"
-        print(f"{name}: overhead p50 {over[len(over) // 2]:.2f} ms, p99 {over[int(0.99 * len(over))]:.2f} ms, "
+        print(f"{name}: overhead p50 {percentile(over, 0.5):.2f} ms, p99 {percentile(over, 0.99):.2f} ms, "
               f"client CPU {cpu:.3f} ms/request over {len(over)} requests")  # fmt: skip
