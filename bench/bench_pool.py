@@ -12,7 +12,9 @@
 3. (no verdict) the floor: bare sockets in the same shape and at the same load, with jobs that stream
    memory for the pool's median in-worker time (bench/zmq_floor.py), once with the pool's transport
    (jobs through ZeroMQ, replies on a SOCK_SEQPACKET pair) and once all ZeroMQ: overhead and client CPU that
-   the transport and waking up cost here before the pool adds anything;
+   the transport and waking up cost here before the pool adds anything; then, for every row, the
+   overhead excluding the wait for a worker in its two parts (Reply.to_worker_ms, Reply.returned_ms):
+   handed over -> the worker began, and the worker finished -> the reply is ready;
 4. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
    its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
    sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
@@ -73,7 +75,8 @@ def open_loop(pool, data, seconds, rate, paced=False, seed=1):
         for reply in got:
             assert reply.ok, reply.error
             delivered = (now - sent.pop(reply.request_id)) * 1e3  # incl. waiting for earlier ones if ordered
-            replies.append((reply.latency_ms, reply.busy_ms, reply.queued_ms, delivered))
+            replies.append((reply.latency_ms, reply.busy_ms, reply.queued_ms, delivered, reply.to_worker_ms,
+                            reply.returned_ms))  # fmt: skip
             reply.release()
     cpu = time.process_time() - cpu0
     return replies, cpu / max(1, len(replies)) * 1e3
@@ -162,11 +165,13 @@ def main() -> int:
     print(f"  {'':<18} {'latency p50':>12} {'p99':>8} {'overhead p50':>13} {'p99':>8} "
           f"{'excl. queue p50':>16} {'p99':>8} {'delivered p50':>14} {'p99':>8} {'client CPU/req':>15}")  # fmt: skip
     verdicts = [(f"2 workers >= 1.8x 1 worker: {scale:.2f}x", scale >= 1.8)]
+    parts = {}  # row name -> (to the worker, back to the caller) per request, ms
     for (ordered, paced), (replies, cpu_ms) in results.items():
         lat = [r[0] for r in replies]
         over = [r[0] - r[1] for r in replies]
         transport = [r[0] - r[1] - r[2] for r in replies]
         name = ("ordered" if ordered else "unordered") + (", paced" if paced else ", Poisson")
+        parts[name] = ([r[4] for r in replies], [r[5] for r in replies])
         cells = [
             percentile(lat, 0.5),
             percentile(lat, 0.99),
@@ -196,13 +201,20 @@ def main() -> int:
     nice = PoolConfig().worker_nice if args.worker_nice is None else args.worker_nice
     cores = sorted(os.sched_getaffinity(0))[:2]
     for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
-        floor, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, nice, seqpacket=seqpacket)
+        floor, to_worker, back, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, nice,
+                                                      seqpacket=seqpacket)  # fmt: skip
+        parts[name] = (to_worker, back)
         print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
               f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
     print(
         f"  (floors: same shape and load, {work_ms:.1f} ms jobs, no pool logic; the pool's sends jobs through "
         "ZeroMQ and gets replies on a SOCK_SEQPACKET pair)"
     )
+    print("\n  overhead excl. queue in its two parts, p50 / p99 (ms): to the worker = handed over -> the worker "
+          "began; back = the worker finished -> the reply is ready (the floors: received)")  # fmt: skip
+    for name, (to_worker, back) in parts.items():
+        print(f"  {name:<18} to the worker {percentile(to_worker, 0.5):5.2f} / {percentile(to_worker, 0.99):5.2f}"
+              f"    back {percentile(back, 0.5):5.2f} / {percentile(back, 0.99):5.2f}")  # fmt: skip
 
     with WorkerPool(spec, {**base, "workers": 1}) as pool:
         closed_loop(pool, data, 1.0, 2)

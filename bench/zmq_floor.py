@@ -46,7 +46,7 @@ while True:
     t0 = time.monotonic()
     while time.monotonic() - t0 < work_s:
         out.fill(1.0)
-    reply = struct.pack("d", (time.monotonic() - t0) * 1e3)
+    reply = struct.pack("dd", t0, (time.monotonic() - t0) * 1e3)
     if results is None:
         sock.send(reply)
     else:
@@ -60,7 +60,8 @@ def zmq_floor(
     """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers;
     replies through ZeroMQ, or through a shared SOCK_SEQPACKET pair if `seqpacket`.
 
-    Returns (overheads in ms: dispatch -> reply received, minus the work; client CPU ms per request).
+    Returns (overheads in ms: dispatch -> reply received, minus the work; their parts "to the worker"
+    (dispatch -> work began) and "back" (work ended -> reply received); client CPU ms per request).
     """
     with tempfile.TemporaryDirectory(prefix="mmworker-floor-") as tmp:
         context = zmq.Context(io_threads=1)
@@ -102,7 +103,16 @@ def _open_loop(router, results, idle: deque, payload: bytes, work_ms: float, rat
     job = struct.pack("d", work_ms / 1e3)
     waiting: deque[float] = deque()  # arrival times of jobs not yet dispatched
     running: dict[bytes, float] = {}  # identity -> dispatch time
-    overheads = []
+    overheads, to_worker, back = [], [], []
+
+    def answered(identity: bytes, reply: bytes, arrived: float) -> None:
+        started, busy_ms = struct.unpack("dd", reply)
+        dispatched = running.pop(identity)
+        overheads.append((arrived - dispatched) * 1e3 - busy_ms)
+        to_worker.append((started - dispatched) * 1e3)
+        back.append((arrived - started) * 1e3 - busy_ms)
+        idle.append(identity)
+
     ready = select.poll()
     if results is not None:
         ready.register(results.fileno(), select.POLLIN)
@@ -117,31 +127,26 @@ def _open_loop(router, results, idle: deque, payload: bytes, work_ms: float, rat
         while waiting and idle:
             waiting.popleft()
             identity = idle.popleft()
+            running[identity] = time.monotonic()  # before the send, as in the pool
             router.send_multipart([identity, job, payload])
-            running[identity] = time.monotonic()
         wait = max(0.0, min(next_at - time.monotonic(), 0.05)) if now - t0 < seconds else 0.05
         if results is not None:
             for _ in ready.poll(int(wait * 1000) + 1):
                 record = results.recv(64)
-                identity, reply = record[:-8], record[-8:]
-                arrived = time.monotonic()
-                overheads.append((arrived - running.pop(identity)) * 1e3 - struct.unpack("d", reply)[0])
-                idle.append(identity)
+                answered(record[:-16], record[-16:], time.monotonic())
         elif router.poll(int(wait * 1000) + 1, zmq.POLLIN):
             while router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 identity, reply = router.recv_multipart()
-                arrived = time.monotonic()
-                (busy_ms,) = struct.unpack("d", reply)
-                overheads.append((arrived - running.pop(identity)) * 1e3 - busy_ms)
-                idle.append(identity)
+                answered(identity, reply, time.monotonic())
     cpu_ms = (time.process_time() - cpu0) / max(1, len(overheads)) * 1e3
-    return overheads, cpu_ms
+    return overheads, to_worker, back, cpu_ms
 
 
 if __name__ == "__main__":
     cores = sorted(os.sched_getaffinity(0))[:2]
     for seqpacket in (False, True):
-        over, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
+        over, to_worker, back, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
         name = "ZeroMQ + SEQPACKET replies" if seqpacket else "ZeroMQ both ways"
-        print(f"{name}: overhead p50 {percentile(over, 0.5):.2f} ms, p99 {percentile(over, 0.99):.2f} ms, "
+        print(f"{name}: overhead p50 {percentile(over, 0.5):.2f} ms (to the worker {percentile(to_worker, 0.5):.2f}, "
+              f"back {percentile(back, 0.5):.2f}), p99 {percentile(over, 0.99):.2f} ms, "
               f"client CPU {cpu:.3f} ms/request over {len(over)} requests")  # fmt: skip

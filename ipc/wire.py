@@ -73,6 +73,9 @@ class Done(msgspec.Struct, frozen=True, tag="done"):
     meta: dict[str, Value] = {}
     busy_ms: float = 0.0
     frames: int = 0
+    # The worker's CLOCK_MONOTONIC (s) when the job began: one clock for every process on the host,
+    # so the receiver can split the time around the job into "to the worker" and "back".
+    started: float = 0.0
 
 
 class Failed(msgspec.Struct, frozen=True, tag="failed"):

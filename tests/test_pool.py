@@ -107,6 +107,19 @@ def test_replies_come_in_submission_order(pool, images):
         r.release()
 
 
+def test_reply_timings_say_where_the_latency_went(pool, images):
+    # One request more than twice the workers: the last ones wait for a worker to finish a job.
+    rids = [pool.submit([P], [images["big"]]) for _ in range(2 * len(pool.worker_pids()) + 1)]
+    replies = wait_replies(pool, len(rids))
+    for r in replies:
+        assert r.ok, r.error
+        phases = (r.queued_ms, r.to_worker_ms, r.busy_ms, r.returned_ms)
+        assert min(phases) > 0, phases
+        assert sum(phases) == pytest.approx(r.latency_ms, abs=1e-6)
+        r.release()
+    assert max(r.queued_ms for r in replies) > 0.5 * min(r.busy_ms for r in replies)
+
+
 def test_unordered_pool_returns_in_completion_order(images):
     with WorkerPool(SPEC, {"ordered": False, "workers": 2, "ring_mib": 128}) as pool:
         big = pool.submit([P], [images["big"]])

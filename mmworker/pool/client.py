@@ -563,6 +563,7 @@ class WorkerPool:
             offsets=[(int(s), int(e)) for s, e in meta["offsets"]], items=items,
             positions=view("positions") if "positions" in done.tensors else None,
             delta=meta.get("delta"), busy_ms=done.busy_ms, queued_ms=(req.dispatched - req.submitted) * 1e3,
+            to_worker_ms=(done.started - req.dispatched) * 1e3,
             worker=slot.index, nbytes=held, token_ids=self._token_ids, _release=release,
         )  # fmt: skip
 
@@ -635,6 +636,7 @@ class WorkerPool:
                 released, slot.pending = slot.pending, []
                 return Job(rid, n, self._deadline_ms, args, released)
 
+            handed_over = time.monotonic()  # before the send: the worker may begin before it returns
             peer = router.dispatch(job, frames)
             if peer is None:
                 return
@@ -642,8 +644,8 @@ class WorkerPool:
             slot = self._by_identity[peer]
             slot.rid = req.rid
             req.state = "running"
-            req.dispatched = time.monotonic()
-            req.deadline = req.dispatched + self.config.deadline_s
+            req.dispatched = handed_over
+            req.deadline = handed_over + self.config.deadline_s
 
     # --- bookkeeping -----------------------------------------------------------------------------
 
@@ -670,6 +672,7 @@ class WorkerPool:
 
     def _finish(self, req: _Request, reply: Reply) -> None:
         reply.latency_ms = (time.monotonic() - req.submitted) * 1e3
+        reply.returned_ms = reply.latency_ms - reply.queued_ms - reply.to_worker_ms - reply.busy_ms
         self._finished[req.rid] = reply
         self._forget(req)
 

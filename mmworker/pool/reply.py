@@ -34,9 +34,12 @@ class Reply:
     items: list[ReplyItem] = field(default_factory=list)
     positions: np.ndarray | None = None
     delta: int | None = None
-    busy_ms: float = 0.0  # time the worker spent on it
+    # Where an accepted request's time went; latency_ms = queued + to_worker + busy + returned.
     latency_ms: float = 0.0  # submit -> reply ready
     queued_ms: float = 0.0  # submit -> handed to a worker (waiting for I/O or an idle worker)
+    to_worker_ms: float = 0.0  # handed over -> the worker began (ZeroMQ, the worker waking up)
+    busy_ms: float = 0.0  # time the worker spent on it
+    returned_ms: float = 0.0  # the worker finished -> reply ready here (results channel, waking, the views)
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released
     token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ...

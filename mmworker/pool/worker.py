@@ -15,7 +15,8 @@ a tiny image -> map the ring -> Hello -> then one job at a time:
     Job(rid, frames=[input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
       -> driver.process(family, MmInput, alloc=ring allocator)
-      -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta)
+      -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta;
+              busy_ms and started: when the job began on this host's monotonic clock)
       or Failed(reason), on the results channel; the job's allocations are freed on every failure path.
 
 While waiting for ring space it applies Release messages (the only way space comes back). libzmq
@@ -159,7 +160,7 @@ class Worker:
             tensors[f"feature.{i}"] = self._desc(item.feature, allocations)
             for name, value in item.aux.items():
                 meta[f"aux.{i}.{name}"] = [int(v) for v in np.asarray(value).reshape(-1)]
-        return Done(job.rid, tensors, meta, (time.monotonic() - t0) * 1e3)
+        return Done(job.rid, tensors, meta, (time.monotonic() - t0) * 1e3, started=t0)
 
     def _store(self, array: np.ndarray, alloc, allocations) -> TensorDesc:
         target = alloc(array.shape, array.dtype)
