@@ -10,7 +10,7 @@ from PIL import Image
 from mmworker.corpus import encode, photo_like
 
 REPORT_KEYS = {"version", "machine", "config", "duration_s", "measured_s", "requests", "throughput", "latency_ms",
-               "workers", "client", "shm", "rejects_by_reason", "verify", "restarts", "ok", "failures"}  # fmt: skip
+               "latency_parts_ms", "workers", "client", "shm", "rejects_by_reason", "verify", "restarts", "ok", "failures"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,10 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
     assert r["expected_bad"] > 0 and r["bad_accepted"] == 0 and r["bad_wrong_reason"] == 0 and r["good_rejected"] == 0
     assert doc["verify"] == {"checked": 8, "mismatches": 0}
     assert set(doc["latency_ms"]) == {"mean", "p50", "p90", "p99", "p99.9", "max"}
+    parts = doc["latency_parts_ms"]
+    assert list(parts) == ["queued", "to_worker", "busy", "returned"]
+    assert all(part["p50"] > 0 for part in parts.values())
+    assert sum(part["mean"] for part in parts.values()) == pytest.approx(doc["latency_ms"]["mean"], rel=1e-9)
     assert doc["throughput"]["requests_per_s"] > 0 and doc["inline"]["pool_speedup"] > 0
     assert sum(w["requests"] for w in doc["workers"]) == r["accepted"]
     assert sum(doc["rejects_by_reason"].values()) == r["rejected"]

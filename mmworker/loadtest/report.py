@@ -8,6 +8,8 @@ JSON schema (version 1), all times in ms unless named *_s:
               bad_accepted, bad_wrong_reason, good_rejected}
     throughput {requests_per_s, images_per_s}
     latency_ms {mean, p50, p90, p99, p99.9, max}
+    latency_parts_ms {queued, to_worker, busy, returned: {mean, p50, ...}}: the latency of every
+        accepted request is the sum of its four parts (mmworker.pool.Reply), so the means add up
     workers [{index, pid, cpu_utilisation, requests, images}]
     client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb (private), peak_rss_incl_shared_mb}
     shm {ring_mib, peak_held_mb}
@@ -31,6 +33,8 @@ from PIL import Image, ImageDraw
 from mmworker.loadtest.runner import RunResult
 
 REPORT_VERSION = 1
+# Reply fields whose sum is an accepted request's latency, in Record.parts_ms order.
+LATENCY_PARTS = ("queued", "to_worker", "busy", "returned")
 _REASONS = (
     "queue full", "shared memory full", "deadline exceeded", "worker crashed", "pool closed", "aborted",
     "exceeds 64 media items", "total media bytes", "media placeholder", "status code 404", "image decode",
@@ -133,6 +137,9 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
             "images_per_s": sum(r.images for r in accepted) / measured_s,
         },
         "latency_ms": percentiles([r.latency_ms for r in accepted]),
+        "latency_parts_ms": {
+            name: percentiles([r.parts_ms[k] for r in accepted]) for k, name in enumerate(LATENCY_PARTS)
+        },
         "workers": [
             {
                 "index": k,
@@ -202,6 +209,11 @@ def print_report(report: dict) -> None:
                          f"{cfg['workers']} workers, spec {cfg['spec_name']}")  # fmt: skip
     table.add_row("throughput", f"{thr['requests_per_s']:.1f} requests/s, {thr['images_per_s']:.1f} images/s")
     table.add_row("latency", "  ".join(f"{k} {lat[k]:.1f} ms" for k in ("p50", "p90", "p99", "p99.9", "max")))
+    parts = report["latency_parts_ms"]
+    table.add_row("latency parts", ", ".join(
+        f"{label} {parts[name]['p50']:.2f} / {parts[name]['p99']:.2f}" for name, label in
+        zip(LATENCY_PARTS, ("queued", "to the worker", "in the worker", "back"), strict=True)
+    ) + " ms (p50 / p99)")  # fmt: skip
     table.add_row("requests", f"{r['submitted']} submitted, {r['answered']} answered, {r['accepted']} accepted, "
                               f"{r['rejected']} rejected ({r['expected_bad']} deliberately bad)")  # fmt: skip
     table.add_row("lost / duplicated", f"{r['lost']} / {r['duplicated']}")

@@ -34,6 +34,7 @@ class Record:
     ok: bool = False
     error: str | None = None
     latency_ms: float = 0.0
+    parts_ms: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # see report.LATENCY_PARTS
     worker: int | None = None
     warmup: bool = False
     answers: int = 0
@@ -187,6 +188,7 @@ class Runner:
         record.answers += 1
         record.answered, record.ok, record.error = now, reply.ok, reply.error
         record.latency_ms, record.worker = reply.latency_ms, reply.worker
+        record.parts_ms = (reply.queued_ms, reply.to_worker_ms, reply.busy_ms, reply.returned_ms)
         self.answered += 1
         self.rejected += not reply.ok
         self.in_flight -= 1
