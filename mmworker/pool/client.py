@@ -672,7 +672,6 @@ class WorkerPool:
 
     def _finish(self, req: _Request, reply: Reply) -> None:
         reply.latency_ms = (time.monotonic() - req.submitted) * 1e3
-        reply.returned_ms = reply.latency_ms - reply.queued_ms - reply.to_worker_ms - reply.busy_ms
         self._finished[req.rid] = reply
         self._forget(req)
 

@@ -39,11 +39,16 @@ class Reply:
     queued_ms: float = 0.0  # submit -> handed to a worker (waiting for I/O or an idle worker)
     to_worker_ms: float = 0.0  # handed over -> the worker began (ZeroMQ, the worker waking up)
     busy_ms: float = 0.0  # time the worker spent on it
-    returned_ms: float = 0.0  # the worker finished -> reply ready here (results channel, waking, the views)
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released
     token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ...
     _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def returned_ms(self) -> float:
+        """The worker finished -> reply ready here (results channel, waking up, building the reply);
+        0 for a rejection."""
+        return self.latency_ms - self.queued_ms - self.to_worker_ms - self.busy_ms if self.ok else 0.0
 
     @property
     def features(self) -> list[np.ndarray]:
