@@ -201,9 +201,9 @@ def main() -> int:
     nice = PoolConfig().worker_nice if args.worker_nice is None else args.worker_nice
     cores = sorted(os.sched_getaffinity(0))[:2]
     for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
-        floor, to_worker, back, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, nice,
-                                                      seqpacket=seqpacket)  # fmt: skip
+        to_worker, back, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, nice, seqpacket=seqpacket)
         parts[name] = (to_worker, back)
+        floor = [a + b for a, b in zip(to_worker, back, strict=True)]
         print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
               f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
     print(

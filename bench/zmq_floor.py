@@ -60,8 +60,9 @@ def zmq_floor(
     """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers;
     replies through ZeroMQ, or through a shared SOCK_SEQPACKET pair if `seqpacket`.
 
-    Returns (overheads in ms: dispatch -> reply received, minus the work; their parts "to the worker"
-    (dispatch -> work began) and "back" (work ended -> reply received); client CPU ms per request).
+    Returns the overhead per request (dispatch -> reply received, minus the work) in its two parts,
+    in ms: "to the worker" (dispatch -> work began) and "back" (work ended -> reply received); and
+    the client CPU ms per request.
     """
     with tempfile.TemporaryDirectory(prefix="mmworker-floor-") as tmp:
         context = zmq.Context(io_threads=1)
@@ -103,13 +104,11 @@ def _open_loop(router, results, idle: deque, payload: bytes, work_ms: float, rat
     job = struct.pack("d", work_ms / 1e3)
     waiting: deque[float] = deque()  # arrival times of jobs not yet dispatched
     running: dict[bytes, float] = {}  # identity -> dispatch time
-    overheads, to_worker, back = [], [], []
+    to_worker, back = [], []
 
     def answered(identity: bytes, reply: bytes, arrived: float) -> None:
         started, busy_ms = struct.unpack("dd", reply)
-        dispatched = running.pop(identity)
-        overheads.append((arrived - dispatched) * 1e3 - busy_ms)
-        to_worker.append((started - dispatched) * 1e3)
+        to_worker.append((started - running.pop(identity)) * 1e3)
         back.append((arrived - started) * 1e3 - busy_ms)
         idle.append(identity)
 
@@ -138,14 +137,15 @@ def _open_loop(router, results, idle: deque, payload: bytes, work_ms: float, rat
             while router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 identity, reply = router.recv_multipart()
                 answered(identity, reply, time.monotonic())
-    cpu_ms = (time.process_time() - cpu0) / max(1, len(overheads)) * 1e3
-    return overheads, to_worker, back, cpu_ms
+    cpu_ms = (time.process_time() - cpu0) / max(1, len(back)) * 1e3
+    return to_worker, back, cpu_ms
 
 
 if __name__ == "__main__":
     cores = sorted(os.sched_getaffinity(0))[:2]
     for seqpacket in (False, True):
-        over, to_worker, back, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
+        to_worker, back, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
+        over = [a + b for a, b in zip(to_worker, back, strict=True)]
         name = "ZeroMQ + SEQPACKET replies" if seqpacket else "ZeroMQ both ways"
         print(f"{name}: overhead p50 {percentile(over, 0.5):.2f} ms (to the worker {percentile(to_worker, 0.5):.2f}, "
               f"back {percentile(back, 0.5):.2f}), p99 {percentile(over, 0.99):.2f} ms, "
