@@ -267,13 +267,26 @@ def test_each_worker_runs_one_thread_after_real_work(pool, images):
         assert "-" not in allowed and "," not in allowed  # pinned to exactly one core
 
 
-def test_workers_run_nicer_than_the_client_threads_included(pool, images):
+def test_workers_yield_to_the_client_threads_included(pool, images):
     with pool.process([P], [images["small"]]) as r:
         assert r.ok
+    assert pool.config.worker_sched == "idle"  # the default
     want = os.getpriority(os.PRIO_PROCESS, 0) + pool.config.worker_nice
     for pid in pool.worker_pids():
-        for tid in os.listdir(f"/proc/{pid}/task"):  # libzmq's threads inherit it from the main thread
-            assert os.getpriority(os.PRIO_PROCESS, int(tid)) == min(19, want)
+        for tid in map(int, os.listdir(f"/proc/{pid}/task")):  # libzmq's threads inherit from the main thread
+            assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+            assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, want)
+    assert os.sched_getscheduler(pool.io_pid()) == os.SCHED_OTHER  # fetching is not the workers' business
+
+
+def test_normal_workers_run_nicer_than_the_client(images):
+    with WorkerPool(SPEC, {"workers": 1, "worker_sched": "normal", "worker_nice": 7}) as pool:
+        with pool.process([P], [images["small"]]) as r:
+            assert r.ok
+        want = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
+        for tid in map(int, os.listdir(f"/proc/{pool.worker_pids()[0]}/task")):
+            assert os.sched_getscheduler(tid) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, tid) == want
 
 
 def test_ring_full_rejects_and_recovers_after_release(images):
@@ -350,6 +363,9 @@ def test_config_validation_and_plan(tmp_path):
     for bad in (-1, 20, 2.5, True):
         with pytest.raises(MmError, match="worker_nice must be an int from 0 to 19"):
             PoolConfig.from_any({"worker_nice": bad})
+    for bad in ("IDLE", "batch", None, 5):
+        with pytest.raises(MmError, match='worker_sched must be "idle" or "normal"'):
+            PoolConfig.from_any({"worker_sched": bad})
     plan = PoolConfig.from_any({"cores": "0-15", "reserved_cores": None}).plan(allowed=set(range(16)))
     assert plan.reserved == (0, 1) and plan.workers == tuple(range(2, 16))  # SGLang's min(2, n // 4)
     toml = tmp_path / "pool.toml"

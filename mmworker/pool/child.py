@@ -18,14 +18,17 @@ class Service(Protocol):
 
 
 def run_child(argv: list[str], label: str, make: Callable[[dict], Service]) -> int:
-    """`python -m <module> '<json args>'`: args carry "parent" (pid), optionally "cores" and "nice"."""
+    """`python -m <module> '<json args>'`: args carry "parent" (pid), optionally "cores", "nice" and
+    "sched" ("idle": SCHED_IDLE)."""
     args = json.loads(argv[1])
     die_with_parent(int(args["parent"]))
     if args.get("cores"):
         os.sched_setaffinity(0, {int(c) for c in args["cores"]})
+    # Before any thread exists: threads started later (libzmq's) inherit both.
     if args.get("nice"):
-        # Before any thread exists: threads started later (libzmq's) inherit the value.
         os.nice(int(args["nice"]))
+    if args.get("sched") == "idle":
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     logging.basicConfig(level=logging.WARNING, format=f"[mmworker {label}] %(message)s")
     service = make(args)  # start-up (warm-up, mapping, Hello) happens before the tripwire is set
     if os.environ.get("MMWORKER_PICKLE_TRIPWIRE"):

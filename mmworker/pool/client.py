@@ -286,8 +286,8 @@ class WorkerPool:
         args = {"endpoint": self._res.router.endpoint, "results_fd": results_fd,
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
-                "spec": self._spec, "parent": os.getpid(), "nice": self.config.worker_nice,
-                "image_cpu_s": self.config.image_cpu_s}  # fmt: skip
+                "spec": self._spec, "parent": os.getpid(), "image_cpu_s": self.config.image_cpu_s,
+                "nice": self.config.worker_nice, "sched": self.config.worker_sched}  # fmt: skip
         slot.started = time.monotonic()
         slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd,))
 

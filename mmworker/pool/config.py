@@ -14,8 +14,9 @@ From a dict or a TOML file (every key optional):
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
     ordered = true            # poll() returns replies in submission order (false: completion order)
-    worker_nice = 10          # workers run this much nicer than the embedding process (0-19): where they
-                              # share cores with it, its latency-critical loop wins the CPU (0: equal footing)
+    worker_sched = "idle"     # "idle": SCHED_IDLE workers run only while no ordinary task wants their core,
+                              # so the embedding process preempts one the moment it wakes; "normal": SCHED_OTHER
+    worker_nice = 10          # with "normal": workers run this much nicer than the embedding process (0-19)
 
     [media]                   # where images may come from (mmworker.common.policy); default: safe
     allowed_domains = []      # empty: any domain
@@ -34,6 +35,8 @@ from typing import Any
 
 from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
+
+WORKER_SCHED_POLICIES = ("idle", "normal")
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class PoolConfig:
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
     ordered: bool = True
+    worker_sched: str = "idle"
     worker_nice: int = 10
     media: Mapping[str, Any] | None = None
 
@@ -144,6 +148,8 @@ class PoolConfig:
         positive("image_cpu_s", self.image_cpu_s, float)
         positive("start_timeout_s", self.start_timeout_s, float)
         positive("io_concurrency", self.io_concurrency)
+        if self.worker_sched not in WORKER_SCHED_POLICIES:
+            raise MmError(f'pool config: worker_sched must be "idle" or "normal", got {self.worker_sched!r}')
         nice = self.worker_nice
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise MmError(f"pool config: worker_nice must be an int from 0 to 19, got {self.worker_nice!r}")
