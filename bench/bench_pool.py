@@ -1,34 +1,41 @@
 """Benchmark of the worker pool: scaling with workers, pool overhead per request, client CPU, order.
 
 720p JPEG requests of one image, qwen2_vl (HF default pixel budget), one run:
-1. closed loop (2 requests in flight per worker) with 1 and with 2 workers: throughput and ratio;
-2. open loop at 70% of the 2-worker throughput, Poisson arrivals, ordered and unordered, and
-   (for comparison, no verdict) evenly paced arrivals, ordered: latency percentiles; pool
-   overhead = latency - in-worker busy time (with and without the time spent waiting for a free
-   worker); client CPU (this process: submit, poll, views, release, libzmq's I/O thread) per
-   accepted request; "delivered" is submit -> returned by poll (latency is submit -> the reply
-   arrived; ordered delivery adds the wait for earlier requests). Poisson arrivals often queue
-   behind busy workers at 70% load, paced ones rarely: their overhead is mostly the pool's own.
-3. (no verdict) the floor: bare sockets in the same shape and at the same load, with jobs that stream
+1. closed loop (2 requests in flight per worker) with 1 and with 2 workers, in alternating phases
+   (both pools stay up; the machine's speed drifts over seconds): throughput per phase, and the
+   ratio of the medians;
+2. the targets' scenario: a closed loop at 70% load: two callers, each with one request in flight,
+   each pausing between its reply and its next request (exponential think time, its mean chosen
+   from step 1 so that the 2 workers are ~70% busy; the measured share is printed): pool overhead
+   = reply latency - in-worker busy time, p50 and p99, and in its two parts (Reply.to_worker_ms:
+   handed over -> the worker began; Reply.returned_ms: the worker finished -> the reply is ready);
+   client CPU per accepted request (this process: submit, poll, views, release, libzmq's I/O thread);
+3. (no verdict) open loop at the same 70%, Poisson arrivals, ordered and unordered, and evenly paced
+   arrivals, ordered: here requests also wait for a free worker (with Poisson arrivals about half
+   of them find both busy); latency percentiles, ordered vs unordered; overhead with and without
+   that wait; "delivered" is submit -> returned by poll (ordered delivery adds the wait for
+   earlier requests);
+4. (no verdict) the floor: bare sockets in the same shape at the same load, with jobs that stream
    memory for the pool's median in-worker time (bench/zmq_floor.py), once with the pool's transport
-   (jobs through ZeroMQ, replies on a SOCK_SEQPACKET pair) and once all ZeroMQ: overhead and client CPU that
-   the transport and waking up cost here before the pool adds anything; then, for every row, the
-   overhead excluding the wait for a worker in its two parts (Reply.to_worker_ms, Reply.returned_ms):
-   handed over -> the worker began, and the worker finished -> the reply is ready;
-4. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
+   (jobs through ZeroMQ, replies on a SOCK_SEQPACKET pair) and once all ZeroMQ: overhead and client
+   CPU that the transport and waking up cost here before the pool adds anything, in the same two
+   parts;
+5. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
    its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
    sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
    something to do plus libzmq's I/O thread, per request, and separately the cost of a poll(0)
-   that finds nothing. Beside row 2 it shows how much of the client CPU there is waking up.
+   that finds nothing. Beside step 2 it shows how much of the client CPU there is waking up.
 
-    .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-nice N]
+    .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-sched idle|normal] [--worker-nice N]
 """
 
 import argparse
 import os
 import random
+import statistics
 import sys
 import time
+from typing import NamedTuple
 
 from yardstick import percentile
 from zmq_floor import zmq_floor
@@ -38,6 +45,38 @@ from mmworker.corpus import encode, photo_like
 from mmworker.registry import named_spec
 
 P = 151655
+LOAD = 0.7
+SCALING_ROUNDS = 3
+
+
+class Sample(NamedTuple):
+    """One accepted reply's times, ms."""
+
+    latency: float  # submit -> the reply arrived
+    busy: float  # in the worker
+    queued: float  # waiting for a free worker (or the I/O process)
+    to_worker: float  # handed over -> the worker began
+    back: float  # the worker finished -> the reply is ready
+    delivered: float  # submit -> returned by poll (ordered delivery adds the wait for earlier ones)
+
+    @property
+    def overhead(self) -> float:
+        return self.latency - self.busy
+
+    @property
+    def own_overhead(self) -> float:
+        """The overhead without the wait for a free worker: the pool's and the transport's part."""
+        return self.latency - self.busy - self.queued
+
+
+def _sample(reply, submitted: float, now: float) -> Sample:
+    assert reply.ok, reply.error
+    return Sample(reply.latency_ms, reply.busy_ms, reply.queued_ms, reply.to_worker_ms, reply.returned_ms,
+                  (now - submitted) * 1e3)  # fmt: skip
+
+
+def _p(values, q: float) -> float:
+    return percentile(list(values), q)
 
 
 def closed_loop(pool, data, seconds, in_flight):
@@ -57,29 +96,62 @@ def closed_loop(pool, data, seconds, in_flight):
     return done / elapsed
 
 
+def scaling(pools: dict, data, seconds: float, rounds: int) -> dict:
+    """{workers: pool} -> {workers: [requests/s per phase]}, the phases alternating between the pools."""
+    for workers, pool in pools.items():
+        closed_loop(pool, data, 1.0, 2 * workers)  # warm-up
+    rates: dict = {workers: [] for workers in pools}
+    for _ in range(rounds):
+        for workers, pool in pools.items():
+            rates[workers].append(closed_loop(pool, data, seconds / rounds, 2 * workers))
+    return rates
+
+
+def thinking_callers(pool, data, seconds, callers, think_s, seed=1):
+    """`callers` callers, each with one request in flight: submit, wait for its reply, pause for an
+    exponential time of mean `think_s`, again. Returns (samples, client CPU ms per reply, elapsed s)."""
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    next_at = [t0 + rng.expovariate(1 / think_s) for _ in range(callers)]  # None while in flight
+    caller_of, samples = {}, []
+    cpu0 = time.process_time()
+    while time.monotonic() - t0 < seconds or caller_of:
+        now = time.monotonic()
+        for c, at in enumerate(next_at):
+            if at is not None and at <= now and now - t0 < seconds:
+                caller_of[pool.submit([P], [data])] = (c, time.monotonic())
+                next_at[c] = None
+        soonest = min((at for at in next_at if at is not None), default=now + 0.05)
+        got = pool.poll(max(0.0, min(soonest - time.monotonic(), 0.05)))
+        now = time.monotonic()
+        for reply in got:
+            c, submitted = caller_of.pop(reply.request_id)
+            samples.append(_sample(reply, submitted, now))
+            reply.release()
+            next_at[c] = now + rng.expovariate(1 / think_s)
+    cpu = time.process_time() - cpu0
+    return samples, cpu / max(1, len(samples)) * 1e3, time.monotonic() - t0
+
+
 def open_loop(pool, data, seconds, rate, paced=False, seed=1):
     rng = random.Random(seed)
-    replies, t0 = [], time.monotonic()
+    samples, t0 = [], time.monotonic()
     next_at = t0
     cpu0 = time.process_time()
-    submitted, sent = 0, {}
+    sent = {}
     while time.monotonic() - t0 < seconds or pool.stats().in_flight:
         now = time.monotonic()
         while next_at <= now and now - t0 < seconds:
             sent[pool.submit([P], [data])] = time.monotonic()
-            submitted += 1
             next_at += 1 / rate if paced else rng.expovariate(rate)
         wait = max(0.0, min(next_at - time.monotonic(), 0.05)) if now - t0 < seconds else 0.05
         got = pool.poll(wait)
         now = time.monotonic()
         for reply in got:
-            assert reply.ok, reply.error
-            delivered = (now - sent.pop(reply.request_id)) * 1e3  # incl. waiting for earlier ones if ordered
-            replies.append((reply.latency_ms, reply.busy_ms, reply.queued_ms, delivered, reply.to_worker_ms,
-                            reply.returned_ms))  # fmt: skip
+            samples.append(_sample(reply, sent.pop(reply.request_id), now))
             reply.release()
     cpu = time.process_time() - cpu0
-    return replies, cpu / max(1, len(replies)) * 1e3
+    return samples, cpu / max(1, len(samples)) * 1e3
 
 
 def _zmq_io_cpu_s() -> float:
@@ -136,6 +208,7 @@ def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--worker-sched", choices=("idle", "normal"), help="override the pool's worker_sched")
     parser.add_argument("--worker-nice", type=int, default=None, help="override the pool's worker_nice")
     args = parser.parse_args()
     from mmworker.runtime import reexec_tuned
@@ -143,82 +216,93 @@ def main() -> int:
     reexec_tuned()
     spec = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
     data = encode(photo_like(1280, 720, seed=1), "JPEG")
-    base = {"ring_mib": 256} if args.worker_nice is None else {"ring_mib": 256, "worker_nice": args.worker_nice}
-    throughput = {}
-    for workers in (1, 2):
-        with WorkerPool(spec, {**base, "workers": workers}) as pool:
-            closed_loop(pool, data, 1.0, 2 * workers)  # warm-up
-            throughput[workers] = closed_loop(pool, data, args.seconds, 2 * workers)
-    print(f"closed loop, 720p JPEG, 1 image/request, {args.seconds:g} s each")
-    for workers, rps in throughput.items():
-        print(f"  {workers} worker(s): {rps:7.1f} requests/s")
+    overrides = {"worker_sched": args.worker_sched, "worker_nice": args.worker_nice}
+    base = {"ring_mib": 256, **{key: value for key, value in overrides.items() if value is not None}}
+    config = PoolConfig.from_any(base)
+    how = config.worker_sched + (f", nice {config.worker_nice}" if config.worker_sched == "normal" else "")
+
+    with WorkerPool(spec, {**base, "workers": 1}) as one, WorkerPool(spec, {**base, "workers": 2}) as two:
+        rates = scaling({1: one, 2: two}, data, 2 * args.seconds, SCALING_ROUNDS)
+    throughput = {workers: statistics.median(r) for workers, r in rates.items()}
     scale = throughput[2] / throughput[1]
+    print(f"closed loop, 720p JPEG, 1 image/request, 2 requests in flight per worker; workers: {how}")
+    for workers, r in rates.items():
+        phases = " ".join(f"{v:.1f}" for v in r)
+        print(f"  {workers} worker(s): {throughput[workers]:7.1f} requests/s (median of alternating phases: {phases})")
     print(f"  2 workers / 1 worker: {scale:.2f}x")
 
-    rate = 0.7 * throughput[2]
+    service_s = 2 / throughput[2]  # one request on one worker, as the closed loop saw it
+    think_s = service_s * (1 / LOAD - 1)
+    with WorkerPool(spec, {**base, "workers": 2}) as pool:
+        closed_loop(pool, data, 1.0, 4)
+        samples, cpu_ms, elapsed = thinking_callers(pool, data, args.seconds, 2, think_s)
+    busy_share = sum(s.busy for s in samples) / 1e3 / (2 * elapsed)
+    over = [s.overhead for s in samples]
+    print(
+        f"\nclosed loop at {LOAD:.0%} load: 2 callers, one request in flight each, pausing {think_s * 1e3:.1f} ms "
+        f"on average between a reply and the next request; the workers were busy {busy_share:.0%} of the time"
+    )
+    print(f"  {len(samples)} replies: latency p50 {_p((s.latency for s in samples), 0.5):.2f} / p99 "
+          f"{_p((s.latency for s in samples), 0.99):.2f} ms; overhead (latency - in-worker time) p50 "
+          f"{_p(over, 0.5):.2f} / p99 {_p(over, 0.99):.2f} ms; client CPU {cpu_ms:.3f} ms per request")  # fmt: skip
+    verdicts = [
+        (f"2 workers >= 1.8x 1 worker: {scale:.2f}x", scale >= 1.8),
+        (f"overhead p50 <= 0.5 ms (closed loop, 70% load): {_p(over, 0.5):.2f} ms", _p(over, 0.5) <= 0.5),
+        (f"overhead p99 <= 2 ms (closed loop, 70% load): {_p(over, 0.99):.2f} ms", _p(over, 0.99) <= 2.0),
+        (f"client CPU per accepted request <= 0.2 ms (closed loop, 70% load, process CPU incl. libzmq's thread): "
+         f"{cpu_ms:.3f} ms", cpu_ms <= 0.2),
+    ]  # fmt: skip
+
+    rate = LOAD * throughput[2]
     results = {}
     for ordered, paced in ((True, False), (False, False), (True, True)):
         with WorkerPool(spec, {**base, "workers": 2, "ordered": ordered}) as pool:
             closed_loop(pool, data, 1.0, 4)
             results[ordered, paced] = open_loop(pool, data, args.seconds, rate, paced)
-    print(f"\nopen loop at 70% load ({rate:.1f} requests/s), 2 workers")
+    print(
+        f"\nopen loop at {LOAD:.0%} load ({rate:.1f} requests/s), 2 workers, no verdict: requests may also wait "
+        "for a free worker"
+    )
     print(f"  {'':<18} {'latency p50':>12} {'p99':>8} {'overhead p50':>13} {'p99':>8} "
           f"{'excl. queue p50':>16} {'p99':>8} {'delivered p50':>14} {'p99':>8} {'client CPU/req':>15}")  # fmt: skip
-    verdicts = [(f"2 workers >= 1.8x 1 worker: {scale:.2f}x", scale >= 1.8)]
-    parts = {}  # row name -> (to the worker, back to the caller) per request, ms
-    for (ordered, paced), (replies, cpu_ms) in results.items():
-        lat = [r[0] for r in replies]
-        over = [r[0] - r[1] for r in replies]
-        transport = [r[0] - r[1] - r[2] for r in replies]
+    parts = {"closed loop, 70%": samples}
+    for (ordered, paced), (rows, row_cpu_ms) in results.items():
         name = ("ordered" if ordered else "unordered") + (", paced" if paced else ", Poisson")
-        parts[name] = ([r[4] for r in replies], [r[5] for r in replies])
-        cells = [
-            percentile(lat, 0.5),
-            percentile(lat, 0.99),
-            percentile(over, 0.5),
-            percentile(over, 0.99),
-            percentile(transport, 0.5),
-            percentile(transport, 0.99),
-            percentile([r[3] for r in replies], 0.5),
-            percentile([r[3] for r in replies], 0.99),
-        ]
+        parts[name] = rows
+        cells = []
+        for values in ([s.latency for s in rows], [s.overhead for s in rows], [s.own_overhead for s in rows],
+                       [s.delivered for s in rows]):  # fmt: skip
+            cells += [_p(values, 0.5), _p(values, 0.99)]
         widths = [10, 6, 11, 6, 14, 6, 12, 6]
         row = " ".join(f"{v:{w}.2f}ms" for v, w in zip(cells, widths, strict=True))
-        print(f"  {name:<18} {row} {cpu_ms:13.3f}ms")
-        if ordered and not paced:
-            where = "ordered, Poisson arrivals at 70% load"
-            verdicts += [
-                (f"overhead p50 <= 0.5 ms ({where}, incl. waiting for a free worker): {percentile(over, .5):.2f} ms "
-                 f"(excluding that wait {percentile(transport, .5):.2f})", percentile(over, .5) <= 0.5),
-                (f"overhead p99 <= 2 ms ({where}, incl. waiting for a free worker): {percentile(over, .99):.2f} ms "
-                 f"(excluding that wait {percentile(transport, .99):.2f})", percentile(over, .99) <= 2.0),
-                (f"client CPU per accepted request <= 0.2 ms ({where}, process CPU incl. libzmq's thread): "
-                 f"{cpu_ms:.3f} ms", cpu_ms <= 0.2),
-            ]  # fmt: skip
+        print(f"  {name:<18} {row} {row_cpu_ms:13.3f}ms")
 
-    replies, _ = results[True, False]
-    work_ms = percentile([r[1] for r in replies], 0.5)
-    nice = PoolConfig().worker_nice if args.worker_nice is None else args.worker_nice
+    work_ms = _p((s.busy for s in samples), 0.5)
     cores = sorted(os.sched_getaffinity(0))[:2]
+    floors = {}
     for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
-        to_worker, back, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, nice, seqpacket=seqpacket)
-        parts[name] = (to_worker, back)
+        to_worker, back, floor_cpu = zmq_floor(
+            data, work_ms, rate, args.seconds, cores, config.worker_nice, config.worker_sched, seqpacket=seqpacket
+        )
+        floors[name] = (to_worker, back)
         floor = [a + b for a, b in zip(to_worker, back, strict=True)]
-        print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
+        print(f"  {name:<18} {'':>33} {_p(floor, 0.5):14.2f}ms {_p(floor, 0.99):6.2f}ms "
               f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
     print(
-        f"  (floors: same shape and load, {work_ms:.1f} ms jobs, no pool logic; the pool's sends jobs through "
-        "ZeroMQ and gets replies on a SOCK_SEQPACKET pair)"
+        f"  (floors: open loop, Poisson, same load, {work_ms:.1f} ms jobs, no pool logic; the pool's sends jobs "
+        "through ZeroMQ and gets replies on a SOCK_SEQPACKET pair)"
     )
-    print("\n  overhead excl. queue in its two parts, p50 / p99 (ms): to the worker = handed over -> the worker "
-          "began; back = the worker finished -> the reply is ready (the floors: received)")  # fmt: skip
-    for name, (to_worker, back) in parts.items():
-        print(f"  {name:<18} to the worker {percentile(to_worker, 0.5):5.2f} / {percentile(to_worker, 0.99):5.2f}"
-              f"    back {percentile(back, 0.5):5.2f} / {percentile(back, 0.99):5.2f}")  # fmt: skip
+    print("\noverhead excluding the wait for a worker, in its two parts, p50 / p99 (ms): to the worker = "
+          "handed over -> the worker began; back = the worker finished -> the reply is ready "
+          "(floors: received)")  # fmt: skip
+    split = {name: ([s.to_worker for s in rows], [s.back for s in rows]) for name, rows in parts.items()}
+    for name, (to_worker, back) in {**split, **floors}.items():
+        print(f"  {name:<18} to the worker {_p(to_worker, 0.5):5.2f} / {_p(to_worker, 0.99):5.2f}"
+              f"    back {_p(back, 0.5):5.2f} / {_p(back, 0.99):5.2f}")  # fmt: skip
 
     with WorkerPool(spec, {**base, "workers": 1}) as pool:
         closed_loop(pool, data, 1.0, 2)
-        busy_cpu, busy_io, empty_poll = busy_loop(pool, data, args.seconds, 0.7 * throughput[1])
+        busy_cpu, busy_io, empty_poll = busy_loop(pool, data, args.seconds, LOAD * throughput[1])
     print("\nbusy embedding loop (never sleeps, poll(0) every ~1 ms), 1 worker at 70% load, no verdict:")
     print(f"  client CPU per request {busy_cpu:.3f} ms (of which libzmq's I/O thread {busy_io:.3f} ms), "
           f"plus {empty_poll * 1e3:.1f} us per poll(0) that finds nothing")  # fmt: skip

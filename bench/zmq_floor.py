@@ -1,7 +1,7 @@
 """The floor under the pool's overhead: bare sockets in the pool's shape, with no pool logic at all.
 
 Same topology and load as bench_pool's open loop: a bound ROUTER in this process, two DEALER
-processes pinned one per core and niced like workers, jobs dispatched to an idle worker only,
+processes pinned one per core and niced (or SCHED_IDLE) like workers, jobs dispatched to an idle worker only,
 Poisson arrivals, the same request bytes (the encoded image) and a small reply. A job is "work"
 that streams memory the way a worker writing pixel_values does (refilling a 22.5 MB array) for a
 given time. Replies come back either through ZeroMQ too or, as in the pool, through one shared
@@ -28,10 +28,13 @@ ECHO_WORKER = r"""
 import os, socket, struct, sys, time
 import numpy as np
 import zmq
-endpoint, identity, core, nice = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
-results = socket.socket(fileno=int(sys.argv[5])) if len(sys.argv) > 5 else None
+endpoint, identity, core, nice, sched = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4]), \
+    sys.argv[5]
+results = socket.socket(fileno=int(sys.argv[6])) if len(sys.argv) > 6 else None
 os.sched_setaffinity(0, {core})
-os.nice(nice)  # before libzmq starts its threads, so they inherit it, as in a pool worker
+os.nice(nice)  # before libzmq starts its threads, so they inherit both, as in a pool worker
+if sched == "idle":
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 sock = zmq.Context(io_threads=1).socket(zmq.DEALER)
 sock.setsockopt(zmq.IDENTITY, identity)
 sock.setsockopt(zmq.LINGER, 0)
@@ -55,10 +58,19 @@ while True:
 
 
 def zmq_floor(
-    payload: bytes, work_ms: float, rate: float, seconds: float, cores: list[int], nice: int, *, seqpacket: bool
+    payload: bytes,
+    work_ms: float,
+    rate: float,
+    seconds: float,
+    cores: list[int],
+    nice: int,
+    sched: str,
+    *,
+    seqpacket: bool,
 ) -> tuple:
     """Poisson arrivals at `rate`/s, each a job of `work_ms` on one of len(cores) echo workers;
-    replies through ZeroMQ, or through a shared SOCK_SEQPACKET pair if `seqpacket`.
+    replies through ZeroMQ, or through a shared SOCK_SEQPACKET pair if `seqpacket`; the workers run
+    at `nice` and, if `sched` is "idle", as SCHED_IDLE (PoolConfig.worker_nice, .worker_sched).
 
     Returns the overhead per request (dispatch -> reply received, minus the work) in its two parts,
     in ms: "to the worker" (dispatch -> work began) and "back" (work ended -> reply received); and
@@ -73,7 +85,7 @@ def zmq_floor(
         receiving, sending = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         inherit = (sending.fileno(),) if seqpacket else ()  # where replies go, if not through ZeroMQ
         workers = [
-            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice),
+            subprocess.Popen([sys.executable, "-c", ECHO_WORKER, endpoint, f"e{i}", str(core), str(nice), sched,
                               *map(str, inherit)], pass_fds=inherit)
             for i, core in enumerate(cores)
         ]  # fmt: skip
@@ -144,7 +156,7 @@ def _open_loop(router, results, idle: deque, payload: bytes, work_ms: float, rat
 if __name__ == "__main__":
     cores = sorted(os.sched_getaffinity(0))[:2]
     for seqpacket in (False, True):
-        to_worker, back, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, seqpacket=seqpacket)
+        to_worker, back, cpu = zmq_floor(os.urandom(135_000), 14.0, 95.0, 10.0, cores, 10, "idle", seqpacket=seqpacket)
         over = [a + b for a, b in zip(to_worker, back, strict=True)]
         name = "ZeroMQ + SEQPACKET replies" if seqpacket else "ZeroMQ both ways"
         print(f"{name}: overhead p50 {percentile(over, 0.5):.2f} ms (to the worker {percentile(to_worker, 0.5):.2f}, "
