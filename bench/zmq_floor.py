@@ -1,13 +1,13 @@
 """The floor under the pool's overhead: bare sockets in the pool's shape, with no pool logic at all.
 
 Same topology and load as bench_pool's open loop: a bound ROUTER in this process, two DEALER
-processes pinned one per core and niced (or SCHED_IDLE) like workers, jobs dispatched to an idle worker only,
-Poisson arrivals, the same request bytes (the encoded image) and a small reply. A job is "work"
-that streams memory the way a worker writing pixel_values does (refilling a 22.5 MB array) for a
-given time. Replies come back either through ZeroMQ too or, as in the pool, through one shared
-AF_UNIX SOCK_SEQPACKET pair (ipc.results). What this measures (overhead = reply latency minus
-work, client CPU per request) is what the transport and waking up cost on this machine before
-mmworker adds anything.
+processes pinned one per core and scheduled like workers (worker_sched, worker_nice), jobs
+dispatched to an idle worker only, Poisson arrivals, the same request bytes (the encoded image) and
+a small reply. A job is "work" that streams memory the way a worker writing pixel_values does
+(refilling a 22.5 MB array) for a given time. Replies come back either through ZeroMQ too or, as in
+the pool, through one shared AF_UNIX SOCK_SEQPACKET pair (ipc.results). What this measures
+(overhead = reply latency minus work, client CPU per request) is what the transport and waking up
+cost on this machine before mmworker adds anything.
 """
 
 import os
@@ -28,8 +28,8 @@ ECHO_WORKER = r"""
 import os, socket, struct, sys, time
 import numpy as np
 import zmq
-endpoint, identity, core, nice, sched = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4]), \
-    sys.argv[5]
+endpoint, identity, sched = sys.argv[1], sys.argv[2].encode(), sys.argv[5]
+core, nice = int(sys.argv[3]), int(sys.argv[4])
 results = socket.socket(fileno=int(sys.argv[6])) if len(sys.argv) > 6 else None
 os.sched_setaffinity(0, {core})
 os.nice(nice)  # before libzmq starts its threads, so they inherit both, as in a pool worker
