@@ -80,6 +80,10 @@ def _plan(args: argparse.Namespace) -> int:
     allowed = sorted(os.sched_getaffinity(0))
     print(f"this process may run on {len(allowed)} CPU(s): {allowed}")
     print(config.plan().describe())
+    if config.worker_sched == "idle":
+        print("workers: SCHED_IDLE (they run only while no ordinary task wants their core)")
+    else:
+        print(f"workers: ordinary tasks, {config.worker_nice} nicer than this process")
     print(f"ring per worker: {config.ring_mib} MiB; queue depth {config.queue_depth}; deadline {config.deadline_s:g} s")
     return 0
 

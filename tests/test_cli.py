@@ -1,5 +1,6 @@
 """The `mmworker` command: the demo on the bundled sample, on a user file, and its error path."""
 
+import os
 import subprocess
 import sys
 
@@ -68,3 +69,18 @@ def test_process_errors_name_the_cause(tmp_path):
     assert result.returncode == 2 and "image 0: media fetch: /no/such.png" in result.stderr
     result = run_cli("process", "/no/such.png", "--family", "llava")
     assert result.returncode == 2 and "unknown named spec 'llava'" in result.stderr
+
+
+def test_plan_prints_the_core_map_and_how_workers_are_scheduled(tmp_path):
+    core = sorted(os.sched_getaffinity(0))[0]
+    config = tmp_path / "pool.toml"
+    config.write_text(f'workers = 1\ncores = "{core}"\nring_mib = 64\nworker_sched = "normal"\nworker_nice = 5\n')
+    result = run_cli("plan", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert f"worker 0: core {core}" in result.stdout
+    assert "workers: ordinary tasks, 5 nicer than this process" in result.stdout
+    assert "ring per worker: 64 MiB" in result.stdout
+    assert "workers: SCHED_IDLE" in run_cli("plan").stdout  # the default
+    config.write_text('worker_sched = "batch"\n')
+    result = run_cli("plan", "--config", str(config))
+    assert result.returncode == 2 and 'worker_sched must be "idle" or "normal"' in result.stderr
