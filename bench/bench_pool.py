@@ -1,6 +1,9 @@
 """Benchmark of the worker pool: scaling with workers, pool overhead per request, client CPU, order.
 
-720p JPEG requests of one image, qwen2_vl (HF default pixel budget), one run:
+720p JPEG requests of one image, qwen2_vl (HF default pixel budget), one run. The pools run their
+workers as SCHED_IDLE (worker_sched "idle") unless --worker-sched says otherwise: the loops here
+sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the default, would pick
+"normal" on this 2-core machine (2 workers leave the loop no CPU of its own), for loops that spin.
 1. closed loop (2 requests in flight per worker) with 1 and with 2 workers, in alternating phases
    (both pools stay up; the machine's speed drifts over seconds): throughput per phase, and the
    ratio of the medians;
@@ -26,7 +29,7 @@
    something to do plus libzmq's I/O thread, per request, and separately the cost of a poll(0)
    that finds nothing. Beside step 2 it shows how much of the client CPU there is waking up.
 
-    .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-sched idle|normal] [--worker-nice N]
+    .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-sched auto|idle|normal] [--worker-nice N]
 """
 
 import argparse
@@ -208,7 +211,12 @@ def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--worker-sched", choices=("idle", "normal"), help="override the pool's worker_sched")
+    parser.add_argument(
+        "--worker-sched",
+        choices=("auto", "idle", "normal"),
+        default="idle",
+        help="the pools' worker_sched (default idle: this benchmark's loop sleeps between events)",
+    )
     parser.add_argument("--worker-nice", type=int, default=None, help="override the pool's worker_nice")
     args = parser.parse_args()
     from mmworker.runtime import reexec_tuned
@@ -218,8 +226,12 @@ def main() -> int:
     data = encode(photo_like(1280, 720, seed=1), "JPEG")
     overrides = {"worker_sched": args.worker_sched, "worker_nice": args.worker_nice}
     base = {"ring_mib": 256, **{key: value for key, value in overrides.items() if value is not None}}
-    config = PoolConfig.from_any(base)
-    how = config.worker_sched + (f", nice {config.worker_nice}" if config.worker_sched == "normal" else "")
+    # A loop that sleeps between events, as this one does, is what SCHED_IDLE workers suit; "auto" would
+    # pick "normal" here (2 workers on 2 cores: no CPU without a worker), for loops that spin.
+    config = PoolConfig.from_any({**base, "workers": 2})
+    sched = config.plan().worker_sched
+    how = f"worker_sched {config.worker_sched}" + (f" -> {sched}" if sched != config.worker_sched else "")
+    how += f", nice {config.worker_nice}" if sched == "normal" else ""
 
     with WorkerPool(spec, {**base, "workers": 1}) as one, WorkerPool(spec, {**base, "workers": 2}) as two:
         rates = scaling({1: one, 2: two}, data, 2 * args.seconds, SCALING_ROUNDS)
@@ -282,7 +294,7 @@ def main() -> int:
     floors = {}
     for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
         to_worker, back, floor_cpu = zmq_floor(
-            data, work_ms, rate, args.seconds, cores, config.worker_nice, config.worker_sched, seqpacket=seqpacket
+            data, work_ms, rate, args.seconds, cores, config.worker_nice, sched, seqpacket=seqpacket
         )
         floors[name] = (to_worker, back)
         floor = [a + b for a, b in zip(to_worker, back, strict=True)]

@@ -79,11 +79,16 @@ def _plan(args: argparse.Namespace) -> int:
     config = PoolConfig.from_any(args.config)
     allowed = sorted(os.sched_getaffinity(0))
     print(f"this process may run on {len(allowed)} CPU(s): {allowed}")
-    print(config.plan().describe())
-    if config.worker_sched == "idle":
-        print("workers: SCHED_IDLE (they run only while no ordinary task wants their core)")
+    plan = config.plan()
+    print(plan.describe())
+    if plan.worker_sched == "idle":
+        how = "SCHED_IDLE (they run only while no ordinary task wants their core)"
     else:
-        print(f"workers: ordinary tasks, {config.worker_nice} nicer than this process")
+        how = f"ordinary tasks, {config.worker_nice} nicer than this process"
+    if config.worker_sched == "auto":
+        why = "this process has CPUs without a worker" if plan.own_cpus else "workers are on every CPU of this process"
+        how += f'; worker_sched "auto" chose this: {why}'
+    print(f"workers: {how}")
     print(f"ring per worker: {config.ring_mib} MiB; queue depth {config.queue_depth}; deadline {config.deadline_s:g} s")
     return 0
 

@@ -78,9 +78,13 @@ def test_plan_prints_the_core_map_and_how_workers_are_scheduled(tmp_path):
     result = run_cli("plan", "--config", str(config))
     assert result.returncode == 0, result.stderr
     assert f"worker 0: core {core}" in result.stdout
-    assert "workers: ordinary tasks, 5 nicer than this process" in result.stdout
+    assert "workers: ordinary tasks, 5 nicer than this process\n" in result.stdout
     assert "ring per worker: 64 MiB" in result.stdout
-    assert "workers: SCHED_IDLE" in run_cli("plan").stdout  # the default
+    config.write_text(f'workers = 1\ncores = "{core}"\n')  # "auto"
+    result = run_cli("plan", "--config", str(config))
+    others = len(os.sched_getaffinity(0)) > 1
+    assert ("workers: SCHED_IDLE" in result.stdout) == others, result.stdout
+    assert 'worker_sched "auto" chose this' in result.stdout
     config.write_text('worker_sched = "batch"\n')
     result = run_cli("plan", "--config", str(config))
-    assert result.returncode == 2 and 'worker_sched must be "idle" or "normal"' in result.stderr
+    assert result.returncode == 2 and 'worker_sched must be "auto", "idle" or "normal"' in result.stderr

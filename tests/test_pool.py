@@ -267,16 +267,24 @@ def test_each_worker_runs_one_thread_after_real_work(pool, images):
         assert "-" not in allowed and "," not in allowed  # pinned to exactly one core
 
 
-def test_workers_yield_to_the_client_threads_included(pool, images):
+def test_worker_scheduling_follows_the_plan_threads_included(pool, images):
     with pool.process([P], [images["small"]]) as r:
         assert r.ok
-    assert pool.config.worker_sched == "idle"  # the default
-    want = os.getpriority(os.PRIO_PROCESS, 0) + pool.config.worker_nice
+    want = {"idle": os.SCHED_IDLE, "normal": os.SCHED_OTHER}[pool.plan.worker_sched]  # "auto", decided
     for pid in pool.worker_pids():
         for tid in map(int, os.listdir(f"/proc/{pid}/task")):  # libzmq's threads inherit from the main thread
+            assert os.sched_getscheduler(tid) == want
+
+
+def test_idle_workers_yield_to_the_client(images):
+    with WorkerPool(SPEC, {"workers": 1, "worker_sched": "idle"}) as pool:
+        with pool.process([P], [images["small"]]) as r:
+            assert r.ok
+        want_nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + pool.config.worker_nice)
+        for tid in map(int, os.listdir(f"/proc/{pool.worker_pids()[0]}/task")):
             assert os.sched_getscheduler(tid) == os.SCHED_IDLE
-            assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, want)
-    assert os.sched_getscheduler(pool.io_pid()) == os.SCHED_OTHER  # fetching is not the workers' business
+            assert os.getpriority(os.PRIO_PROCESS, tid) == want_nice
+        assert os.sched_getscheduler(pool.io_pid()) == os.SCHED_OTHER  # fetching is not the workers' business
 
 
 def test_normal_workers_run_nicer_than_the_client(images):
@@ -364,8 +372,16 @@ def test_config_validation_and_plan(tmp_path):
         with pytest.raises(MmError, match="worker_nice must be an int from 0 to 19"):
             PoolConfig.from_any({"worker_nice": bad})
     for bad in ("IDLE", "batch", None, 5):
-        with pytest.raises(MmError, match='worker_sched must be "idle" or "normal"'):
+        with pytest.raises(MmError, match='worker_sched must be "auto", "idle" or "normal"'):
             PoolConfig.from_any({"worker_sched": bad})
+    # "auto": idle where this process keeps a CPU without a worker (here the reserved ones), else normal.
+    auto = PoolConfig.from_any({"cores": "0-15"}).plan(allowed=set(range(16)))
+    assert auto.own_cpus == (0, 1) and auto.worker_sched == "idle"
+    every = PoolConfig.from_any({"workers": 2}).plan(allowed={0, 1})
+    assert every.own_cpus == () and every.worker_sched == "normal"
+    assert PoolConfig.from_any({"workers": 1}).plan(allowed={0, 1}).worker_sched == "idle"
+    assert PoolConfig.from_any({"workers": 2, "worker_sched": "idle"}).plan(allowed={0, 1}).worker_sched == "idle"
+    assert PoolConfig.from_any({"worker_sched": "normal"}).plan(allowed=set(range(16))).worker_sched == "normal"
     plan = PoolConfig.from_any({"cores": "0-15", "reserved_cores": None}).plan(allowed=set(range(16)))
     assert plan.reserved == (0, 1) and plan.workers == tuple(range(2, 16))  # SGLang's min(2, n // 4)
     toml = tmp_path / "pool.toml"

@@ -287,7 +287,7 @@ class WorkerPool:
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": self.config.image_cpu_s,
-                "nice": self.config.worker_nice, "sched": self.config.worker_sched}  # fmt: skip
+                "nice": self.config.worker_nice, "sched": self.plan.worker_sched}  # fmt: skip
         slot.started = time.monotonic()
         slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd,))
 

@@ -14,8 +14,11 @@ From a dict or a TOML file (every key optional):
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
     ordered = true            # poll() returns replies in submission order (false: completion order)
-    worker_sched = "idle"     # "idle": SCHED_IDLE workers run only while no ordinary task wants their core,
-                              # so the embedding process preempts one the moment it wakes; "normal": SCHED_OTHER
+    worker_sched = "auto"     # "idle": SCHED_IDLE workers run only while no ordinary task wants their core,
+                              # so the embedding process preempts one the moment it wakes; "normal": ordinary
+                              # tasks, worker_nice nicer; "auto": idle where this process keeps a CPU no worker
+                              # is pinned to (e.g. reserved cores), else normal (a process that spins on a
+                              # worker's core would starve an idle worker)
     worker_nice = 10          # with "normal": workers run this much nicer than the embedding process (0-19)
 
     [media]                   # where images may come from (mmworker.common.policy); default: safe
@@ -36,7 +39,7 @@ from typing import Any
 from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
 
-WORKER_SCHED_POLICIES = ("idle", "normal")
+WORKER_SCHED_POLICIES = ("auto", "idle", "normal")
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,14 @@ class CorePlan:
     workers: tuple[int, ...]
     io: tuple[int, ...]
     reserved: tuple[int, ...]
+    own_cpus: tuple[int, ...] = ()  # CPUs this process may use that no worker is pinned to
+    worker_sched: str = "normal"  # "idle" or "normal": PoolConfig.worker_sched, "auto" decided from own_cpus
 
     def describe(self) -> str:
         lines = [f"reserved for the scheduler: {_ranges(self.reserved) or 'none'}"]
         lines += [f"worker {k}: core {core}" for k, core in enumerate(self.workers)]
         lines.append(f"I/O process: {_ranges(self.io)}")
+        lines.append(f"CPUs of this process without a worker: {_ranges(self.own_cpus) or 'none'}")
         return "\n".join(lines)
 
 
@@ -104,7 +110,7 @@ class PoolConfig:
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
     ordered: bool = True
-    worker_sched: str = "idle"
+    worker_sched: str = "auto"
     worker_nice: int = 10
     media: Mapping[str, Any] | None = None
 
@@ -149,7 +155,7 @@ class PoolConfig:
         positive("start_timeout_s", self.start_timeout_s, float)
         positive("io_concurrency", self.io_concurrency)
         if self.worker_sched not in WORKER_SCHED_POLICIES:
-            raise MmError(f'pool config: worker_sched must be "idle" or "normal", got {self.worker_sched!r}')
+            raise MmError(f'pool config: worker_sched must be "auto", "idle" or "normal", got {self.worker_sched!r}')
         nice = self.worker_nice
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise MmError(f"pool config: worker_nice must be an int from 0 to 19, got {self.worker_nice!r}")
@@ -189,4 +195,6 @@ class PoolConfig:
             io = (self.io_core,)
         else:
             io = tuple(c for c in candidates if c not in workers) or candidates
-        return CorePlan(workers=tuple(workers), io=io, reserved=tuple(reserved))
+        own = tuple(sorted(allowed_set - set(workers)))  # where this process can run without a worker
+        sched = self.worker_sched if self.worker_sched != "auto" else ("idle" if own else "normal")
+        return CorePlan(workers=tuple(workers), io=io, reserved=tuple(reserved), worker_sched=sched, own_cpus=own)
