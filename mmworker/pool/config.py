@@ -49,8 +49,8 @@ class CorePlan:
     workers: tuple[int, ...]
     io: tuple[int, ...]
     reserved: tuple[int, ...]
-    own_cpus: tuple[int, ...] = ()  # CPUs this process may use that no worker is pinned to
-    worker_sched: str = "normal"  # "idle" or "normal": PoolConfig.worker_sched, "auto" decided from own_cpus
+    own_cpus: tuple[int, ...]  # CPUs this process may use that no worker is pinned to
+    worker_sched: str  # "idle" or "normal": PoolConfig.worker_sched, with "auto" decided from own_cpus
 
     def describe(self) -> str:
         lines = [f"reserved for the scheduler: {_ranges(self.reserved) or 'none'}"]
