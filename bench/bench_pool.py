@@ -78,10 +78,6 @@ def _sample(reply, submitted: float, now: float) -> Sample:
                   (now - submitted) * 1e3)  # fmt: skip
 
 
-def _p(values, q: float) -> float:
-    return percentile(list(values), q)
-
-
 def closed_loop(pool, data, seconds, in_flight):
     for _ in range(in_flight):
         pool.submit([P], [data])
@@ -250,17 +246,18 @@ def main() -> int:
         samples, cpu_ms, elapsed = thinking_callers(pool, data, args.seconds, 2, think_s)
     busy_share = sum(s.busy for s in samples) / 1e3 / (2 * elapsed)
     over = [s.overhead for s in samples]
+    lat50, lat99 = (percentile((s.latency for s in samples), q) for q in (0.5, 0.99))
+    over50, over99 = percentile(over, 0.5), percentile(over, 0.99)
     print(
         f"\nclosed loop at {LOAD:.0%} load: 2 callers, one request in flight each, pausing {think_s * 1e3:.1f} ms "
         f"on average between a reply and the next request; the workers were busy {busy_share:.0%} of the time"
     )
-    print(f"  {len(samples)} replies: latency p50 {_p((s.latency for s in samples), 0.5):.2f} / p99 "
-          f"{_p((s.latency for s in samples), 0.99):.2f} ms; overhead (latency - in-worker time) p50 "
-          f"{_p(over, 0.5):.2f} / p99 {_p(over, 0.99):.2f} ms; client CPU {cpu_ms:.3f} ms per request")  # fmt: skip
+    print(f"  {len(samples)} replies: latency p50 {lat50:.2f} / p99 {lat99:.2f} ms; overhead (latency - in-worker "
+          f"time) p50 {over50:.2f} / p99 {over99:.2f} ms; client CPU {cpu_ms:.3f} ms per request")  # fmt: skip
     verdicts = [
         (f"2 workers >= 1.8x 1 worker: {scale:.2f}x", scale >= 1.8),
-        (f"overhead p50 <= 0.5 ms (closed loop, 70% load): {_p(over, 0.5):.2f} ms", _p(over, 0.5) <= 0.5),
-        (f"overhead p99 <= 2 ms (closed loop, 70% load): {_p(over, 0.99):.2f} ms", _p(over, 0.99) <= 2.0),
+        (f"overhead p50 <= 0.5 ms (closed loop, 70% load): {over50:.2f} ms", over50 <= 0.5),
+        (f"overhead p99 <= 2 ms (closed loop, 70% load): {over99:.2f} ms", over99 <= 2.0),
         (f"client CPU per accepted request <= 0.2 ms (closed loop, 70% load, process CPU incl. libzmq's thread): "
          f"{cpu_ms:.3f} ms", cpu_ms <= 0.2),
     ]  # fmt: skip
@@ -284,12 +281,12 @@ def main() -> int:
         cells = []
         for values in ([s.latency for s in rows], [s.overhead for s in rows], [s.own_overhead for s in rows],
                        [s.delivered for s in rows]):  # fmt: skip
-            cells += [_p(values, 0.5), _p(values, 0.99)]
+            cells += [percentile(values, 0.5), percentile(values, 0.99)]
         widths = [10, 6, 11, 6, 14, 6, 12, 6]
         row = " ".join(f"{v:{w}.2f}ms" for v, w in zip(cells, widths, strict=True))
         print(f"  {name:<18} {row} {row_cpu_ms:13.3f}ms")
 
-    work_ms = _p((s.busy for s in samples), 0.5)
+    work_ms = percentile((s.busy for s in samples), 0.5)
     cores = sorted(os.sched_getaffinity(0))[:2]
     floors = {}
     for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
@@ -298,7 +295,7 @@ def main() -> int:
         )
         floors[name] = (to_worker, back)
         floor = [a + b for a, b in zip(to_worker, back, strict=True)]
-        print(f"  {name:<18} {'':>33} {_p(floor, 0.5):14.2f}ms {_p(floor, 0.99):6.2f}ms "
+        print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
               f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
     print(
         f"  (floors: open loop, Poisson, same load, {work_ms:.1f} ms jobs, no pool logic; the pool's sends jobs "
@@ -309,8 +306,8 @@ def main() -> int:
           "(floors: received)")  # fmt: skip
     split = {name: ([s.to_worker for s in rows], [s.back for s in rows]) for name, rows in parts.items()}
     for name, (to_worker, back) in {**split, **floors}.items():
-        print(f"  {name:<18} to the worker {_p(to_worker, 0.5):5.2f} / {_p(to_worker, 0.99):5.2f}"
-              f"    back {_p(back, 0.5):5.2f} / {_p(back, 0.99):5.2f}")  # fmt: skip
+        print(f"  {name:<18} to the worker {percentile(to_worker, 0.5):5.2f} / {percentile(to_worker, 0.99):5.2f}"
+              f"    back {percentile(back, 0.5):5.2f} / {percentile(back, 0.99):5.2f}")  # fmt: skip
 
     with WorkerPool(spec, {**base, "workers": 1}) as pool:
         closed_loop(pool, data, 1.0, 2)

@@ -5,7 +5,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 REF_EXT = Path(__file__).resolve().parent.parent / ".cache" / "ref_ext"
@@ -61,8 +61,8 @@ def interleaved_medians(fns: dict, budget_s: float, min_calls: int = 3, warm_cal
     return {name: statistics.median(r) for name, r in runs.items()}
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of `values` by rank, nan for none."""
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` (any iterable) by rank, nan for none."""
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
