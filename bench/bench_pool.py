@@ -40,7 +40,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from yardstick import percentile
+from yardstick import cpu_steal_s, percentile
 from zmq_floor import zmq_floor
 
 from mmworker import PoolConfig, WorkerPool
@@ -218,6 +218,7 @@ def main() -> int:
     from mmworker.runtime import reexec_tuned
 
     reexec_tuned()
+    steal0, started = cpu_steal_s(), time.monotonic()
     spec = {**named_spec("qwen2_vl"), "max_pixels": 1003520}
     data = encode(photo_like(1280, 720, seed=1), "JPEG")
     overrides = {"worker_sched": args.worker_sched, "worker_nice": args.worker_nice}
@@ -315,6 +316,8 @@ def main() -> int:
     print("\nbusy embedding loop (never sleeps, poll(0) every ~1 ms), 1 worker at 70% load, no verdict:")
     print(f"  client CPU per request {busy_cpu:.3f} ms (of which libzmq's I/O thread {busy_io:.3f} ms), "
           f"plus {empty_poll * 1e3:.1f} us per poll(0) that finds nothing")  # fmt: skip
+    steal = (cpu_steal_s() - steal0) / (os.cpu_count() * (time.monotonic() - started))  # /proc/stat sums all CPUs
+    print(f"\nthe host took {steal:.1%} of this VM's CPU time during the run (steal; ~0 on a quiet host)")
     print()
     for text, ok in verdicts:
         print(f"target {text} {'PASS' if ok else 'MISS'}")

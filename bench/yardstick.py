@@ -75,3 +75,14 @@ def alternating_medians(fns: dict, rounds: int, budget_s: float) -> dict:
         for name, fn in fns.items():
             samples[name].append(median_seconds(fn, budget_s))
     return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
+
+
+def cpu_steal_s() -> float:
+    """Seconds of this VM's vCPU time taken by the host so far (/proc/stat "steal", all CPUs).
+
+    On a shared VM a run with steal is a run on a slower, jittery machine: tail latencies
+    measured while the host takes a few percent of the vCPU time are the host's, not ours.
+    """
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
