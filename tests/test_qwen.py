@@ -1,4 +1,4 @@
-"""qwen_vl: spec parsing, smart_resize, the normalisation LUT, patch order and M-RoPE."""
+"""qwen_vl: spec parsing, smart_resize, normalisation, patch order with the fused vertical pass, and M-RoPE."""
 
 import io
 import json
@@ -9,11 +9,13 @@ from aligned import float_view_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from reference_resize import resize as reference_resize
 
 from mmworker import MmError
-from mmworker.common.pixels import RgbImage
+from mmworker.common.pixels import RgbImage, unpack_rgb
+from mmworker.common.resize import vertical_coefficients
 from mmworker.qwen_vl import QwenSpec, QwenVL, mrope_image_only, preprocess, smart_resize
-from mmworker.qwen_vl.patchify import normalisation_lut, patchify_into
+from mmworker.qwen_vl.patchify import normalisation, patchify_into
 from mmworker.registry import NAMED_SPECS, named_spec, pipeline_from_spec
 
 TINY = {"family": "qwen_vl", "image_token_id": 1, "patch_size": 2, "merge_size": 2, "temporal_patch_size": 2,
@@ -122,22 +124,57 @@ def test_spec_missing_field_and_registry_errors():
 # --- normalisation and patch order ---------------------------------------------------------------
 
 
-def test_tv_q2_lut_modes_differ_on_128_entries():
-    pil = normalisation_lut((0.5,) * 3, (0.5,) * 3, "pil")
-    aten = normalisation_lut((0.5,) * 3, (0.5,) * 3, "aten_u8")
+def reference_table(mean, std, resample) -> np.ndarray:
+    """float32 [3, 256]: behaviour.md §7.3's LUT, in numpy float32 arithmetic (an independent oracle)."""
+    v = np.arange(256, dtype=np.float32)
+    f255 = np.float32(255)
+    rows = []
+    for m, s in zip(np.float32(mean), np.float32(std), strict=True):
+        rows.append((v / f255 - m) / s if resample == "pil" else (v - m * f255) / (s * f255))
+    return np.stack(rows)
+
+
+def rgbx(pixels: np.ndarray) -> np.ndarray:
+    """(h, w, 4) uint8 copy of (h, w, 3) pixels, pad byte 255."""
+    out = np.empty((*pixels.shape[:2], 4), np.uint8)
+    unpack_rgb(np.ascontiguousarray(pixels).reshape(-1), out.reshape(-1))
+    return out
+
+
+def kernel_table(mean, std, resample) -> np.ndarray:
+    """The same table, computed by patchify_into: one 16x16 patch holding every byte value once."""
+    pixels = rgbx(np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16, 1), 3, axis=2))
+    out = np.empty((1, 3 * 256), np.float32)
+    patchify_into(pixels, vertical_coefficients(16, 16, "aten_u8"), normalisation(mean, std, resample), 16, 1, 1, out)
+    return out.reshape(3, 256)
+
+
+@pytest.mark.parametrize("resample", ["pil", "aten_u8"])
+@pytest.mark.parametrize(("mean", "std"), [((0.5,) * 3, (0.5,) * 3),
+                                           ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))])  # fmt: skip
+def test_normalisation_is_the_lut_of_behaviour_md(resample, mean, std):
+    np.testing.assert_array_equal(kernel_table(mean, std, resample).view(np.uint32),
+                                  reference_table(mean, std, resample).view(np.uint32))  # fmt: skip
+
+
+def test_tv_q2_modes_differ_on_128_entries():
+    pil = kernel_table((0.5,) * 3, (0.5,) * 3, "pil")
+    aten = kernel_table((0.5,) * 3, (0.5,) * 3, "aten_u8")
     assert int((pil[0] != aten[0]).sum()) == 128
-    for lut in (pil, aten):
-        assert lut[0, 0] == -1.0 and lut[0, 255] == 1.0 and lut.dtype == np.float32
+    for table in (pil, aten):
+        assert table[0, 0] == -1.0 and table[0, 255] == 1.0 and table.dtype == np.float32
 
 
 def test_tv_q3_patch_order():
     y, x, c = np.mgrid[0:4, 0:8, 0:3]
     img = (16 * y + 2 * x + c).astype(np.uint8)
-    lut = normalisation_lut((0.0,) * 3, (1.0,) * 3, "pil")
+    table = reference_table((0.0,) * 3, (1.0,) * 3, "pil")
     pv = np.empty((8, 24), np.float32)
-    patchify_into(img, lut, 2, 2, 2, pv)
+    patchify_into(
+        rgbx(img), vertical_coefficients(4, 4, "pil_bicubic"), normalisation((0.0,) * 3, (1.0,) * 3, "pil"), 2, 2, 2, pv
+    )
     flat = pv.reshape(-1)
-    value = lambda yy, xx, cc: lut[cc, 16 * yy + 2 * xx + cc]  # noqa: E731
+    value = lambda yy, xx, cc: table[cc, 16 * yy + 2 * xx + cc]  # noqa: E731
     assert flat[24] == value(0, 2, 0)
     assert flat[48] == value(2, 0, 0)
     assert flat[96] == value(0, 4, 0)
@@ -145,41 +182,68 @@ def test_tv_q3_patch_order():
     assert flat[8] == value(0, 0, 1)
 
 
-def hf_patchify(pixels, lut, ps, m, tps):
+def hf_patchify(pixels, table, ps, m, tps):
     """Hugging Face's reshape/transpose route (Qwen2VLImageProcessor), as an independent oracle."""
     h, w, _ = pixels.shape
-    x = np.stack([lut[c][pixels[:, :, c]] for c in range(3)])  # C, H, W
+    x = np.stack([table[c][pixels[:, :, c]] for c in range(3)])  # C, H, W
     x = np.repeat(x[None], tps, axis=0)  # T, C, H, W
     gh, gw = h // ps, w // ps
     x = x.reshape(1, tps, 3, gh // m, m, ps, gw // m, m, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return x.reshape(gh * gw, 3 * tps * ps * ps)
 
 
-@settings(max_examples=60, deadline=None)
-@given(ps=st.integers(1, 6), m=st.integers(1, 3), tps=st.integers(1, 3), bh=st.integers(1, 4),
-       bw=st.integers(1, 4), channels=st.sampled_from([3, 4]), seed=st.integers(0, 2**31))  # fmt: skip
-def test_patchify_matches_hf_reshape(ps, m, tps, bh, bw, channels, seed):
+@settings(max_examples=80, deadline=None)
+@given(ps=st.integers(1, 18), m=st.integers(1, 3), tps=st.integers(1, 3), bh=st.integers(1, 4),
+       bw=st.integers(1, 4), extra_rows=st.integers(-20, 40), resample=st.sampled_from(["aten_u8", "pil"]),
+       seed=st.integers(0, 2**31))  # fmt: skip
+def test_patchify_equals_vertical_resize_then_hf_reshape(ps, m, tps, bh, bw, extra_rows, resample, seed):
+    # The vertical pass inside the kernel, against the plain transcription of behaviour.md §5
+    # (a vertical-only resize: the width is already the output's), then HF's patch order.
     rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (bh * m * ps, bw * m * ps, channels), dtype=np.uint8)
-    lut = normalisation_lut(tuple(rng.random(3)), tuple(rng.random(3) + 0.1), "aten_u8")
+    out_h, w = bh * m * ps, bw * m * ps
+    in_h = max(1, out_h + extra_rows)
+    pixels = rng.integers(0, 256, (in_h, w, 3), dtype=np.uint8)
+    mean, std = tuple(rng.random(3)), tuple(rng.random(3) + 0.1)
+    resampler = "aten_u8" if resample == "aten_u8" else "pil_bicubic"
     out = np.empty((bh * m * bw * m, 3 * tps * ps * ps), np.float32)
-    patchify_into(pixels, lut, ps, m, tps, out)
-    np.testing.assert_array_equal(out, hf_patchify(pixels[:, :, :3], lut, ps, m, tps))
+    patchify_into(rgbx(pixels), vertical_coefficients(in_h, out_h, resampler), normalisation(mean, std, resample),
+                  ps, m, tps, out)  # fmt: skip
+    resized = reference_resize(pixels, w, out_h, resampler)
+    expected = hf_patchify(resized, reference_table(mean, std, resample), ps, m, tps)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
 @pytest.mark.parametrize("shift", [0, 1, 3, 8, 15])
 def test_patchify_streams_a_large_output_at_any_alignment(shift):
-    # 20 x 30 patches x 1176 floats: the stage is flushed ~170 times, with the head of every
-    # flush unaligned unless shift is 0.
+    # 20 x 30 patches x 1176 floats: 150 merge blocks streamed, the head of every one unaligned
+    # unless shift is 0; nothing is written past the end.
     rng = np.random.default_rng(shift)
     pixels = rng.integers(0, 256, (280, 420, 4), dtype=np.uint8)
-    lut = normalisation_lut((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711), "aten_u8")
-    expected = hf_patchify(pixels[:, :, :3], lut, 14, 2, 2)
+    mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    expected = hf_patchify(pixels[:, :, :3], reference_table(mean, std, "aten_u8"), 14, 2, 2)
     raw, flat = float_view_at(shift, expected.size)
-    patchify_into(pixels, lut, 14, 2, 2, flat.reshape(expected.shape))
+    patchify_into(pixels, vertical_coefficients(280, 280, "aten_u8"), normalisation(mean, std, "aten_u8"), 14, 2, 2,
+                  flat.reshape(expected.shape))  # fmt: skip
     np.testing.assert_array_equal(flat.reshape(expected.shape), expected)
     tail = raw[flat.ctypes.data - raw.ctypes.data + flat.nbytes :]
     assert (tail == 0xAB).all()
+
+
+def test_patchify_refuses_what_it_cannot_read_safely():
+    pixels = np.zeros((8, 8, 4), np.uint8)
+    norm = normalisation((0.5,) * 3, (0.5,) * 3, "aten_u8")
+    out = np.empty((16, 24), np.float32)
+    with pytest.raises(MmError, match=r"^patchify: expected C-contiguous \(h, w, 4\) uint8 pixels"):
+        patchify_into(pixels[:, :, :3], vertical_coefficients(8, 8, "pil_bicubic"), norm, 2, 2, 2, out)
+    bounds, weights, precision = vertical_coefficients(8, 8, "pil_bicubic")
+    bounds = bounds.copy()
+    bounds[-1, 0] = 8  # past the last source row
+    with pytest.raises(MmError, match=r"^patchify: vertical pass coefficients do not fit 8 source rows$"):
+        patchify_into(pixels, (bounds, weights, precision), norm, 2, 2, 2, out)
+    with pytest.raises(MmError, match=r"^patchify: out must be C-contiguous float32"):
+        patchify_into(pixels, vertical_coefficients(8, 8, "pil_bicubic"), norm, 2, 2, 2, out[:, :12])
+    with pytest.raises(MmError, match=r"^patchify: 8x6 is not a positive multiple of 4"):
+        patchify_into(pixels, vertical_coefficients(8, 6, "pil_bicubic"), norm, 2, 2, 2, out)
 
 
 def test_preprocess_tv_d1_shapes():

@@ -15,7 +15,7 @@ from sources import make_source, tv_r1_source, tv_r4_source
 from mmworker import MmError
 from mmworker.common import resize_rgb
 from mmworker.common.pixels import RgbImage, image_from_rgb, storage_view
-from mmworker.common.resize import RESAMPLERS, resize_image
+from mmworker.common.resize import RESAMPLERS, horizontal_resize, resize_image
 
 GOLDEN = load_golden("resize_cases.json")
 SLOW_PIXELS = 1_500_000  # cases whose source or output is bigger are marked slow
@@ -110,6 +110,21 @@ def test_consume_frees_the_source_mid_resize_and_changes_no_pixel(resample, size
     assert gone() is None  # the decoded image's memory was free before the call returned
     assert image.height == image.width == 0
     np.testing.assert_array_equal(out.pixels[:, :, :3], resize_rgb(src, *size, resample))
+
+
+@pytest.mark.parametrize("resample", RESAMPLERS)
+@pytest.mark.parametrize("out_w", [50, 77, 160])  # downscale, unchanged, upscale
+@pytest.mark.parametrize("source", ["3-byte array", "storage view"])
+def test_horizontal_resize_is_the_first_pass_of_resize(resample, out_w, source):
+    # Its result followed by a vertical-only resize is the whole resize (what patchify relies on).
+    src = np.random.default_rng(9).integers(0, 256, (45, 77, 3), dtype=np.uint8)
+    owner = image_from_rgb(src) if source == "storage view" else None
+    image = RgbImage(pixels=storage_view(owner) if owner else src.copy(), pil=owner)
+    out = horizontal_resize(image, out_w, resample, consume=True).pixels
+    assert out.shape == (45, out_w, 4)
+    np.testing.assert_array_equal(out[:, :, :3], resize_rgb(src, out_w, 45, resample))
+    rest = resize_rgb(np.ascontiguousarray(out[:, :, :3]), out_w, 33, resample)
+    np.testing.assert_array_equal(rest, resize_rgb(src, out_w, 33, resample))
 
 
 @pytest.mark.parametrize("pixels_kind", ["storage view", "copied out"])

@@ -1,11 +1,12 @@
-"""Pillow 12.x fixed-point resampling (BICUBIC, LANCZOS) as numba kernels, bit-exact by construction.
+"""Fixed-point resampling (BICUBIC, LANCZOS): the coefficients, and Pillow 12.x's passes as numba kernels.
 
 Pillow's `Resample.c` (12.x) resizes separably: per axis it computes float64 filter weights for
 every output sample, normalises them, quantises them to 22 fractional bits, then runs the
 horizontal pass first (into a uint8 intermediate, rounded and clipped) and the vertical pass
 second. Each output sample is `clip8((1 << 21) + sum(src * weight))`. Everything here follows
 that recipe operation for operation (behaviour.md §5); pillow-simd and Pillow 13 do not, which is
-why this module exists.
+why this module exists. ATen (and pillow-simd, which equals it) uses the same weights quantised
+with fewer bits, chosen per axis from the largest weight (`axis_coefficients(..., aten=True)`).
 
 Speed comes from the data layout, not from the arithmetic:
 - The vertical pass applies one set of weights to whole rows, so the inner loop runs along a
@@ -62,19 +63,18 @@ def _sinc(x: float) -> float:
 
 
 @njit(cache=True)
-def axis_coefficients(in_size: int, out_size: int, kind: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per output sample: (first source index, tap count) and the 22-bit fixed-point weights.
+def axis_weights(in_size: int, out_size: int, kind: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per output sample: (first source index, tap count) and the normalised float64 weights.
 
-    Returns `bounds` int32 [out_size, 2] and `weights` int32 [out_size, ksize] (zero-padded), the
-    exact values of Pillow's `precompute_coeffs` + `normalize_coeffs_8bpc`.
+    Returns `bounds` int32 [out_size, 2] and `weights` float64 [out_size, ksize] (zero-padded),
+    the exact values of Pillow's `precompute_coeffs` with the default box (behaviour.md §5.2).
     """
     scale = in_size / out_size
     filterscale = scale if scale >= 1.0 else 1.0
     support = _SUPPORT[kind] * filterscale
     ksize = math.ceil(support) * 2 + 1
     bounds = np.zeros((out_size, 2), np.int32)
-    weights = np.zeros((out_size, ksize), np.int32)
-    raw = np.empty(ksize, np.float64)
+    weights = np.zeros((out_size, ksize), np.float64)
     ss = 1.0 / filterscale
     for xx in range(out_size):
         center = (xx + 0.5) * scale
@@ -88,17 +88,45 @@ def axis_coefficients(in_size: int, out_size: int, kind: int) -> tuple[np.ndarra
         total = 0.0
         for x in range(count):
             w = _filter((x + xmin - center + 0.5) * ss, kind)
-            raw[x] = w
+            weights[xx, x] = w
             total += w
-        for x in range(count):
-            w = raw[x] / total if total != 0.0 else raw[x]
-            if w < 0:
-                weights[xx, x] = int(-0.5 + w * (1 << PRECISION_BITS))
-            else:
-                weights[xx, x] = int(0.5 + w * (1 << PRECISION_BITS))
+        if total != 0.0:
+            for x in range(count):
+                weights[xx, x] /= total
         bounds[xx, 0] = xmin
         bounds[xx, 1] = count
     return bounds, weights
+
+
+@njit(cache=True)
+def quantise(weights: np.ndarray, precision: int) -> np.ndarray:
+    """int32 fixed-point weights with `precision` fractional bits, rounded half away from zero."""
+    out = np.empty(weights.shape, np.int32)
+    unit = float(1 << precision)
+    for i in range(weights.shape[0]):
+        for k in range(weights.shape[1]):
+            w = weights[i, k]
+            out[i, k] = int(-0.5 + w * unit) if w < 0 else int(0.5 + w * unit)
+    return out
+
+
+def aten_precision(weights: np.ndarray) -> int:
+    """ATen's `_compute_weights_precision` for one axis: the most fractional bits (at most 22) with
+    which its largest weight still fits an int16 after rounding (pillow-simd does the same)."""
+    largest = float(np.abs(weights).max())
+    precision = 0
+    while precision < PRECISION_BITS and int(0.5 + largest * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    return precision
+
+
+def axis_coefficients(
+    in_size: int, out_size: int, kind: int, *, aten: bool = False
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(bounds, fixed-point weights, precision) for one axis: Pillow 12's 22 bits, or ATen's."""
+    bounds, weights = axis_weights(in_size, out_size, kind)
+    precision = aten_precision(weights) if aten else PRECISION_BITS
+    return bounds, quantise(weights, precision), precision
 
 
 @njit(cache=True, inline="always")
@@ -136,7 +164,8 @@ def vertical_pass(src: np.ndarray, bounds: np.ndarray, weights: np.ndarray, out:
 
 @njit(cache=True)
 def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """out[r, xo, :3] from src[row0 + r, :, :3]; src is (h, w, C >= 3), out (rows, ow, 3), both C-contiguous.
+    """out[r, xo, :3] from src[row0 + r, :, :3]; src is (h, w, C >= 3), out (rows, ow, C' >= 3), both
+    C-contiguous; bytes of out beyond the first three per pixel are left as they are.
 
     Indices are unsigned and arrays flat on purpose: numba wraps negative signed indices, and that
     per-access branch keeps LLVM from vectorising the gather, the multiply-add and the scatter
@@ -151,9 +180,9 @@ def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.
     flat_src = src.reshape(-1)
     flat_out = out.reshape(-1)
     flat_weights = weights.reshape(-1)
-    n_channels = uint64(channels)
-    src_row, out_row, ksize = uint64(in_w) * n_channels, uint64(out_w * 3), uint64(weights.shape[1])
-    one, two, three = uint64(1), uint64(2), uint64(3)
+    n_channels, out_channels = uint64(channels), uint64(out.shape[2])
+    src_row, out_row, ksize = uint64(in_w) * n_channels, uint64(out_w) * out_channels, uint64(weights.shape[1])
+    one, two = uint64(1), uint64(2)
     for r0 in range(0, rows, BAND_ROWS):
         n = min(BAND_ROWS, rows - r0)
         for r in range(n):
@@ -181,7 +210,7 @@ def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.
             o = uint64(r0 + r) * out_row
             lane = uint64(r * 3)
             for xo in range(uint64(out_w)):
-                q, d = xo * lanes + lane, o + xo * three
+                q, d = xo * lanes + lane, o + xo * out_channels
                 flat_out[d] = result[q]
                 flat_out[d + one] = result[q + one]
                 flat_out[d + two] = result[q + two]
@@ -209,9 +238,9 @@ def resize_fixed_point(src: np.ndarray, out_w: int, out_h: int, kind: int, out: 
     if not need_h and not need_v:
         out[...] = src[:, :, :3]
         return
-    vb, vw = axis_coefficients(in_h, out_h, kind) if need_v else (None, None)
+    vb, vw, _ = axis_coefficients(in_h, out_h, kind) if need_v else (None, None, None)
     if need_h:
-        hb, hw = axis_coefficients(in_w, out_w, kind)
+        hb, hw, _ = axis_coefficients(in_w, out_w, kind)
         if not need_v:
             horizontal_pass(src, 0, hb, hw, out)
             return

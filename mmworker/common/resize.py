@@ -9,6 +9,11 @@
 pillow-simd's BICUBIC quantises weights like ATen does (precision chosen from the largest weight),
 which is why it equals torchvision and not Pillow; Pillow 13 changed pass order, which is why the
 `pil_*` modes cannot use any installed Pillow (behaviour.md §5, measurements.md §4).
+
+Every resampler runs the horizontal pass first, rounds to uint8, then runs the vertical pass, each
+with coefficients from its own axis alone. So a kernel may take the two apart
+(`horizontal_resize`, then `vertical_coefficients` applied in its own loop, as the Qwen patchify
+does) and get the same bytes without the vertically resized image ever existing.
 """
 
 import numpy as np
@@ -16,7 +21,7 @@ from PIL import Image
 
 from mmworker.common import resample
 from mmworker.common.decode import MAX_IMAGE_PIXELS
-from mmworker.common.pixels import RgbImage, copy_rgb, from_pil
+from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, unpack_rgb
 from mmworker.errors import MmError
 
 RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
@@ -71,6 +76,59 @@ def _resize_aten_u8(image: RgbImage, out_w: int, out_h: int, consume: bool) -> R
     if out_h != h:
         pil = pil.resize((out_w, out_h), Image.Resampling.BICUBIC)
     return from_pil(pil)
+
+
+def horizontal_resize(image: RgbImage, out_w: int, resample_name: str, *, consume: bool = False) -> RgbImage:
+    """The horizontal pass of `resample_name` alone: out_w x image.height, with 4-byte pixels (R, G, B, pad).
+
+    An unchanged width returns the image itself when its pixels are 4-byte, else a 4-byte copy.
+    `consume` releases `image` once it has been read, as in `resize_image`.
+    """
+    check_resample(resample_name)
+    check_output_size(out_w, image.height)
+    if out_w == image.width:
+        return image if image.pixels.shape[2] == 4 else RgbImage(pixels=_four_byte(image.pixels))
+    if resample_name == "aten_u8":
+        pil = image.to_pil()
+        if consume:
+            image.release()
+        del image
+        resized = from_pil(pil.resize((out_w, pil.height), Image.Resampling.BICUBIC))
+        if resized.pixels.shape[2] != 4:  # Pillow kept it in several blocks (an untuned process)
+            resized = RgbImage(pixels=_four_byte(resized.pixels))
+        return resized
+    bounds, weights, _ = resample.axis_coefficients(image.width, out_w, _FIXED_POINT_KIND[resample_name])
+    out = np.empty((image.height, out_w, 4), np.uint8)
+    resample.horizontal_pass(np.ascontiguousarray(image.pixels), 0, bounds, weights, out)
+    if consume:
+        image.release()
+    return RgbImage(pixels=out)
+
+
+def vertical_coefficients(in_h: int, out_h: int, resample_name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """The vertical pass of `resample_name` from in_h to out_h rows, for a kernel to apply itself:
+    (bounds int32 [out_h, 2] = first row and tap count, weights int32 [out_h, k], precision).
+
+    Each output row is clip8((1 << (precision - 1) + sum(row * weight)) >> precision)
+    (behaviour.md §5.3); an unchanged height is the identity, one tap per row.
+    """
+    check_resample(resample_name)
+    check_output_size(1, out_h)
+    if out_h == in_h:
+        bounds = np.empty((in_h, 2), np.int32)
+        bounds[:, 0] = np.arange(in_h)
+        bounds[:, 1] = 1
+        return bounds, np.full((in_h, 1), 2, np.int32), 1
+    if resample_name == "aten_u8":
+        return resample.axis_coefficients(in_h, out_h, resample.BICUBIC, aten=True)
+    return resample.axis_coefficients(in_h, out_h, _FIXED_POINT_KIND[resample_name])
+
+
+def _four_byte(pixels: np.ndarray) -> np.ndarray:
+    h, w = pixels.shape[0], pixels.shape[1]
+    out = np.empty((h, w, 4), np.uint8)
+    unpack_rgb(np.ascontiguousarray(pixels).reshape(-1), out.reshape(-1))
+    return out
 
 
 def resize_rgb(arr: np.ndarray, out_w: int, out_h: int, resample: str = "pil_lanczos") -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Streaming (non-temporal) writes of float32 outputs that this core will not read back.
+"""Streaming (non-temporal) writes of float32 outputs that this core will not read back, and their staging.
 
 A feature tensor is written once, in order, and then read by another process. Ordinary stores
 first read every destination cache line in (read-for-ownership) and evict whatever was cached;
@@ -10,7 +10,10 @@ allocation never is).
 A kernel builds its output in order in a small staging array that stays in L1 and hands each
 filled chunk to `stream_out`, which stores 64-byte aligned runs non-temporally and the unaligned
 edges normally. `stream_fence` must follow the last store: non-temporal stores are weakly
-ordered, and the consumer is told the output is ready right after.
+ordered, and the consumer is told the output is ready right after. `copy_line` moves 16 floats
+into the stage as one vector load and store: LLVM cannot prove that two numba arrays do not
+overlap, so it leaves short copies between them scalar (at 1288x728 the stage copies of
+pixel_values took 0.55-0.8 ms that way, 0.33 ms with this).
 """
 
 from llvmlite import ir
@@ -19,6 +22,13 @@ from numba.extending import intrinsic
 
 # Floats per non-temporal store: one 64-byte cache line.
 LINE_FLOATS = 16
+
+
+def _line_pointer(context, builder, array_type, array, index):
+    """A <16 x float> pointer to array[index]."""
+    line = ir.VectorType(ir.FloatType(), LINE_FLOATS).as_pointer()
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [index]), line)
 
 
 @intrinsic
@@ -32,12 +42,27 @@ def _store_line(typingctx, dst, dst_index, src, src_index):
     def codegen(context, builder, signature, args):
         dst_type, _, src_type, _ = signature.args
         dst_value, dst_at, src_value, src_at = args
-        line = ir.VectorType(ir.FloatType(), LINE_FLOATS).as_pointer()
-        dst_data = context.make_array(dst_type)(context, builder, dst_value).data
-        src_data = context.make_array(src_type)(context, builder, src_value).data
-        value = builder.load(builder.bitcast(builder.gep(src_data, [src_at]), line), align=4)
-        store = builder.store(value, builder.bitcast(builder.gep(dst_data, [dst_at]), line), align=64)
+        value = builder.load(_line_pointer(context, builder, src_type, src_value, src_at), align=4)
+        store = builder.store(value, _line_pointer(context, builder, dst_type, dst_value, dst_at), align=64)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def copy_line(typingctx, dst, dst_index, src, src_index):
+    """dst[dst_index : dst_index + 16] = src[src_index : ...] with one vector load and store (any alignment).
+
+    Both ranges must lie inside their arrays; callers pad them for the runs they overshoot.
+    """
+    sig = types.void(dst, dst_index, src, src_index)
+
+    def codegen(context, builder, signature, args):
+        dst_type, _, src_type, _ = signature.args
+        dst_value, dst_at, src_value, src_at = args
+        value = builder.load(_line_pointer(context, builder, src_type, src_value, src_at), align=4)
+        builder.store(value, _line_pointer(context, builder, dst_type, dst_value, dst_at), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

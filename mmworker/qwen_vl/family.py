@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mmworker.common.pixels import RgbImage
-from mmworker.common.resize import resize_image
+from mmworker.common.resize import horizontal_resize, vertical_coefficients
 from mmworker.pipeline import (
     Allocator,
     Capabilities,
@@ -17,7 +17,7 @@ from mmworker.pipeline import (
     numpy_allocator,
 )
 from mmworker.qwen_vl.mrope import mrope_image_only
-from mmworker.qwen_vl.patchify import normalisation_lut, patchify_into
+from mmworker.qwen_vl.patchify import normalisation, patchify_into
 from mmworker.qwen_vl.sizing import smart_resize
 from mmworker.qwen_vl.spec import QwenSpec
 
@@ -26,13 +26,13 @@ _RESAMPLER = {"aten_u8": "aten_u8", "pil": "pil_bicubic"}
 
 
 class QwenVL:
-    """smart_resize -> bicubic resize -> LUT normalise -> patchify; placeholder layout; image M-RoPE."""
+    """smart_resize -> bicubic resize -> normalise -> patchify; placeholder layout; image M-RoPE."""
 
     name = "qwen_vl"
 
     def __init__(self, spec: QwenSpec) -> None:
         self.spec = spec
-        self._lut = normalisation_lut(spec.image_mean, spec.image_std, spec.resample)
+        self._norm = normalisation(spec.image_mean, spec.image_std, spec.resample)
 
     def __repr__(self) -> str:
         return f"QwenVL({self.spec})"
@@ -56,13 +56,15 @@ class QwenVL:
         spec = self.spec
         grid = self.grid_for(image.height, image.width)
         th, tw = grid[1] * spec.patch_size, grid[2] * spec.patch_size
-        if (th, tw) != (image.height, image.width):
-            image = resize_image(image, tw, th, _RESAMPLER[spec.resample], consume=True)
+        resampler = _RESAMPLER[spec.resample]
+        # The resize's vertical pass runs inside patchify_into (see its module); the horizontal
+        # one here, after which the decoded image can go.
+        vertical = vertical_coefficients(image.height, th, resampler)
+        image = horizontal_resize(image, tw, resampler, consume=True)
         feature = alloc(self.feature_shape(grid), np.dtype(np.float32))
         patchify_into(
-            np.ascontiguousarray(image.pixels), self._lut, spec.patch_size, spec.merge_size,
-            spec.temporal_patch_size, feature,
-        )  # fmt: skip
+            image.pixels, vertical, self._norm, spec.patch_size, spec.merge_size, spec.temporal_patch_size, feature
+        )
         return ProcessedItem(
             feature=feature,
             aux={"image_grid_thw": np.array(grid, np.int64)},
