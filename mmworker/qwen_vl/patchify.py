@@ -127,7 +127,22 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
             # The vertical pass, per channel plane, straight from the packed pixels.
             for i in range(uint64(3) * n_w):
                 acc[i] = half
-            for k in range(count):
+            k = uint64(0)
+            while k + uint64(1) < count:  # two taps per sweep: half the accumulator traffic
+                tap, tap2 = taps[y * ksize + k], taps[y * ksize + k + uint64(1)]
+                row = (first + k) * n_w
+                row2 = row + n_w
+                for x in range(n_w):
+                    p, q = pixels[row + x], pixels[row2 + x]
+                    acc[x] = int32(acc[x] + int32(p & byte) * tap + int32(q & byte) * tap2)
+                    acc[n_w + x] = int32(
+                        acc[n_w + x] + int32((p >> g_shift) & byte) * tap + int32((q >> g_shift) & byte) * tap2
+                    )
+                    acc[two_w + x] = int32(
+                        acc[two_w + x] + int32((p >> b_shift) & byte) * tap + int32((q >> b_shift) & byte) * tap2
+                    )
+                k += uint64(2)
+            if k < count:
                 tap = taps[y * ksize + k]
                 row = (first + k) * n_w
                 for x in range(n_w):
