@@ -96,8 +96,17 @@ def test_pixel_limit_is_checked_before_decoding():
 
 def test_truncated_jpeg_is_refused():
     data = fixture_bytes("jpeg_rgb_q90_420.jpg")
-    with pytest.raises(MmError, match=r"^image decode: "):
+    with pytest.raises(MmError, match=r"^image decode: image file is truncated \(\d+ bytes not processed\)$"):
         image_decode_rgb(data[: len(data) // 2])
+
+
+def test_colour_jpeg_is_decoded_into_a_buffer_of_its_own():
+    # What a consumer may overwrite and cut (mmworker.common.resize.horizontal_resize).
+    data = fixture_bytes("jpeg_rgb_q90_420.jpg")
+    image = decode_image(data)
+    assert image.buffer is not None and image.buffer.flags.owndata and image.pil is None
+    assert image.pixels.shape[2] == 4 and np.shares_memory(image.pixels, image.buffer)
+    np.testing.assert_array_equal(image.pixels[:, :, :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
 
 
 def test_error_messages_carry_no_object_addresses():
@@ -153,7 +162,9 @@ def test_bad_inputs_leave_nothing_behind():
     # Repeated refusals must not grow memory or open files.
     fd_dir = f"/proc/{os.getpid()}/fd"
     fds = len(os.listdir(fd_dir))
+    jpeg = fixture_bytes("jpeg_rgb_q90_420.jpg")
     bad = [
+        jpeg[: len(jpeg) // 2],  # decoded into a buffer of our own until the data runs out
         fixture_bytes("png_truncated.png"),
         fixture_bytes("png_rgb16.png"),
         b"\x89PNG\r\n\x1a\n" * 4,

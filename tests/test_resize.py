@@ -13,8 +13,9 @@ from PIL import Image
 from sources import make_source, tv_r1_source, tv_r4_source
 
 from mmworker import MmError
+from mmworker.common import resize as resize_module
 from mmworker.common import resize_rgb
-from mmworker.common.pixels import RgbImage, image_from_rgb, storage_view
+from mmworker.common.pixels import RgbImage, image_from_rgb, storage_view, unpack_rgb
 from mmworker.common.resize import RESAMPLERS, horizontal_resize, resize_image
 
 GOLDEN = load_golden("resize_cases.json")
@@ -125,6 +126,23 @@ def test_horizontal_resize_is_the_first_pass_of_resize(resample, out_w, source):
     np.testing.assert_array_equal(out[:, :, :3], resize_rgb(src, out_w, 45, resample))
     rest = resize_rgb(np.ascontiguousarray(out[:, :, :3]), out_w, 33, resample)
     np.testing.assert_array_equal(rest, resize_rgb(src, out_w, 33, resample))
+
+
+@pytest.mark.parametrize("resample", RESAMPLERS)
+@pytest.mark.parametrize("band_rows", [1, 7, 45])  # several pillow-simd bands, a partial last one, one
+def test_a_buffer_the_image_owns_is_narrowed_in_place(resample, band_rows, monkeypatch):
+    # A decoder's fresh buffer (RgbImage.buffer): the pass writes over what it has read, then the
+    # buffer is cut to the result (its tail is free for what comes next).
+    monkeypatch.setattr(resize_module, "_BAND_BYTES", band_rows * 50 * 4)
+    src = np.random.default_rng(13).integers(0, 256, (45, 77, 3), dtype=np.uint8)
+    buffer = np.empty(45 * 77 * 4, np.uint8)
+    unpack_rgb(src.reshape(-1), buffer)
+    image = RgbImage(pixels=buffer.reshape(45, 77, 4), buffer=buffer)
+    del buffer
+    out = horizontal_resize(image, 50, resample, consume=True)
+    assert image.height == image.width == 0 and image.buffer is None
+    assert out.buffer is not None and out.buffer.nbytes == 45 * 50 * 4 and np.shares_memory(out.pixels, out.buffer)
+    np.testing.assert_array_equal(out.pixels[:, :, :3], resize_rgb(src, 50, 45, resample))
 
 
 @pytest.mark.parametrize("pixels_kind", ["storage view", "copied out"])

@@ -136,6 +136,8 @@ def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -
             return fast
     image = _open_checked(data, fmt, max_pixels)
     try:
+        if fmt == "JPEG" and image.mode == "RGB":
+            return _decode_into_buffer(image)
         if image.mode in RGB_STORAGE_MODES:
             # Decode straight into one memory block so the pixels can be viewed in place.
             image.im = Image.core.new_block(image.mode, image.size)
@@ -154,6 +156,24 @@ def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
         raise _pil_error(exc) from exc
     return from_pil(image)
+
+
+def _decode_into_buffer(image: Image.Image) -> RgbImage:
+    """Let Pillow decode into a numpy buffer of 4-byte pixels that the result owns alone.
+
+    ImageFile.load allocates nothing when the image already has its memory, and its decoder writes
+    4 bytes per pixel (R, G, B, 255) into whatever image it is given: here one that maps the
+    buffer. The buffer is not zero-filled first (Pillow's own allocation is), and whoever consumes
+    the result may overwrite and shrink it (mmworker.common.resize.horizontal_resize does).
+    """
+    w, h = image.size
+    buffer = np.empty(h * w * 4, np.uint8)
+    image.im = Image.frombuffer("RGBX", (w, h), buffer, "raw", "RGBX", 0, 1).im
+    try:
+        image.load()
+    finally:
+        image.close()  # drops the mapping (and with it Pillow's hold on the buffer)
+    return RgbImage(pixels=buffer.reshape(h, w, 4), buffer=buffer)
 
 
 def image_decode_rgb(data: bytes | memoryview) -> tuple[int, int, np.ndarray]:

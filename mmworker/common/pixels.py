@@ -26,12 +26,16 @@ class RgbImage:
     """Pixels whose first three channels are R, G, B, and the Pillow image that owns them, if any.
 
     `pixels` is (height, width, C) uint8: C = 4 when it is a read-only view of Pillow's own
-    RGBX/RGBA storage (no copy was made), C = 3 for a plain array. `pil` lets pillow-simd work on
-    the same storage without converting back; it is None for pixels that live in numpy.
+    RGBX/RGBA storage (no copy was made) or a decoder's buffer of 4-byte pixels, C = 3 for a plain
+    array. `pil` lets pillow-simd work on the same storage without converting back; it is None for
+    pixels that live in numpy (`to_pil` maps 4-byte ones for Pillow without a copy).
     """
 
     pixels: np.ndarray
     pil: Image.Image | None = None
+    # The flat uint8 array holding `pixels` when nothing else refers to it (a decoder's fresh
+    # buffer): whoever consumes the image may then overwrite that memory and shrink it.
+    buffer: np.ndarray | None = None
 
     def release(self) -> None:
         """Drop this object's hold on the pixels, so their memory is freed once nothing else holds it.
@@ -42,6 +46,7 @@ class RgbImage:
         """
         self.pixels = np.empty((0, 0, 3), np.uint8)
         self.pil = None
+        self.buffer = None
 
     @property
     def height(self) -> int:
@@ -52,18 +57,18 @@ class RgbImage:
         return self.pixels.shape[1]
 
     def to_pil(self) -> Image.Image:
-        """A Pillow image of these pixels' colour: the owner itself, the owner's storage seen as RGBX
-        (an RGBA owner), or a copy made for Pillow.
+        """A Pillow image of these pixels' colour: the owner itself, 4-byte pixels (an RGBA owner's
+        storage, a decoder's buffer) seen as RGBX, or a copy made for Pillow.
 
         Never RGBA: Pillow resizes RGBA premultiplied by alpha, which changes the colour of every
         pixel that is not opaque, and alpha is dropped here by rule, never composited. RGBX has the
-        same layout and is resized channel by channel like RGB. That RGBX image maps the owner's
+        same layout and is resized channel by channel like RGB. That RGBX image maps the pixels'
         memory (Image.frombuffer), so it must not be given to `storage_view`; what Pillow computes
         from it is an ordinary image.
         """
         if self.pil is not None and self.pil.mode != "RGBA":
             return self.pil
-        if self.pil is not None and self.pixels.shape[2] == 4:  # a view of the RGBA owner's storage
+        if self.pixels.shape[2] == 4 and self.pixels.flags.c_contiguous:
             h, w = self.pixels.shape[:2]
             # Maps the same memory (no copy); it keeps the view, and with it the owner, alive.
             return Image.frombuffer("RGBX", (w, h), self.pixels, "raw", "RGBX", 0, 1)

@@ -25,6 +25,10 @@ from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, unpack_rgb
 from mmworker.errors import MmError
 
 RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
+# Output bytes per pillow-simd call of an in-place horizontal pass. Each call computes the pass's
+# coefficients again (~75 us at 4032 -> 1148), and the band's result is held beside the image
+# until it is copied into place: 12 bands of 256 rows cost 0.9 ms more than one call at 12 MP.
+_BAND_BYTES = 4 << 20
 _FIXED_POINT_KIND = {"pil_lanczos": resample.LANCZOS, "pil_bicubic": resample.BICUBIC}
 
 
@@ -88,6 +92,8 @@ def horizontal_resize(image: RgbImage, out_w: int, resample_name: str, *, consum
     check_output_size(out_w, image.height)
     if out_w == image.width:
         return image if image.pixels.shape[2] == 4 else RgbImage(pixels=_four_byte(image.pixels))
+    if consume and out_w < image.width and image.buffer is not None and image.pixels.shape[2] == 4:
+        return _horizontal_in_place(image, out_w, resample_name)
     if resample_name == "aten_u8":
         pil = image.to_pil()
         if consume:
@@ -103,6 +109,37 @@ def horizontal_resize(image: RgbImage, out_w: int, resample_name: str, *, consum
     if consume:
         image.release()
     return RgbImage(pixels=out)
+
+
+def _horizontal_in_place(image: RgbImage, out_w: int, resample_name: str) -> RgbImage:
+    """A narrowing horizontal pass written over the rows it has read, then the buffer cut to the result.
+
+    Output row r ends at (r + 1) * out_w * 4 <= (r + 1) * w * 4 bytes, so rows are written only
+    where the pass has read everything already; cutting the buffer (realloc) frees its tail for
+    what the consumer allocates next. The memory of the decoded and the resized image is one
+    (peak RSS per image at 1920x1080: 1.61x -> 1.36x the pixel_values size; at 12 MP, where
+    pixel_values fits the freed tail, 2.72x -> 2.2x). pillow-simd writes a new image per call, so
+    its pass runs on bands of rows (mapped with frombuffer) whose results are copied into place;
+    our own kernel writes in place directly.
+    """
+    buffer, h, w = image.buffer, image.height, image.width
+    image.release()
+    row_in, row_out = w * 4, out_w * 4
+    if resample_name == "aten_u8":
+        rows = max(1, _BAND_BYTES // row_out)
+        for r0 in range(0, h, rows):
+            n = min(rows, h - r0)
+            band = Image.frombuffer("RGBX", (w, n), buffer[r0 * row_in : (r0 + n) * row_in], "raw", "RGBX", 0, 1)
+            resized = from_pil(band.resize((out_w, n), Image.Resampling.BICUBIC))  # one block: < 16 MB
+            del band
+            buffer[r0 * row_out : (r0 + n) * row_out] = resized.pixels.reshape(-1)
+    else:
+        bounds, weights, _ = resample.axis_coefficients(w, out_w, _FIXED_POINT_KIND[resample_name])
+        source, target = buffer[: h * row_in].reshape(h, w, 4), buffer[: h * row_out].reshape(h, out_w, 4)
+        resample.horizontal_pass(source, 0, bounds, weights, target)  # band by band: read, then write
+        del source, target
+    buffer.resize(h * row_out)  # refcheck: raises if any view of the old extent were still alive
+    return RgbImage(pixels=buffer.reshape(h, out_w, 4), buffer=buffer)
 
 
 def vertical_coefficients(in_h: int, out_h: int, resample_name: str) -> tuple[np.ndarray, np.ndarray, int]:
