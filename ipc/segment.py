@@ -12,6 +12,10 @@ Lifecycle, one owner:
   2. the peers `attach` by name with MAP_POPULATE (their page tables are filled once, up front);
   3. the owner `unlink`s the name as soon as every party has mapped it. From then on the memory
      lives exactly as long as some mapping does: a crash of anyone, even SIGKILL, cannot leak it.
+A segment that processes started later must map too (the client's request ring, read by every
+worker and by the workers that replace them) is shared as an inherited read-only descriptor
+instead (`reader_fd`, `map_fd`): its name goes at once, and the memory lives while the descriptor
+or a mapping does.
 Names carry the creating process's pid and start time (`PREFIX-<pid>-<start>-<tag>`), so the
 start-up sweep removes segments whose creator is gone, and never one whose creator is alive (a
 recycled pid has another start time).
@@ -112,6 +116,26 @@ class Segment:
         finally:
             os.close(fd)
         return cls(name, size, buf, owner=False, writable=writable)
+
+    def reader_fd(self) -> int:
+        """A new read-only descriptor of this (still linked) segment, for children to inherit
+        (`subprocess.Popen(pass_fds=...)`) and `map_fd`; the caller closes it."""
+        try:
+            return os.open(os.path.join(SHM_DIR, self.name), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SharedMemoryError(f"shared memory: cannot open {self.name} for reading: {exc.strerror}") from exc
+
+    @classmethod
+    def map_fd(cls, fd: int) -> "Segment":
+        """Map an inherited read-only descriptor of a segment (see `reader_fd`); the fd stays open."""
+        try:
+            size = os.fstat(fd).st_size
+            if size <= 0:
+                raise SharedMemoryError(f"shared memory: descriptor {fd} is empty")
+            buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as exc:
+            raise SharedMemoryError(f"shared memory: cannot map descriptor {fd}: {exc.strerror}") from exc
+        return cls(f"fd:{fd}", size, buf, owner=False, writable=False)
 
     @property
     def buffer(self) -> memoryview:

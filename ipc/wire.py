@@ -15,7 +15,8 @@ bounds, by `ipc.ring.RingReader.view` before any view exists.
 
 Message flow (C = client, W = worker):
     W -> C  Hello      after start-up: which ring it writes, its pid
-    C -> W  Job        one unit of work + `frames` payload frames (+ releases, piggybacked: see Release)
+    C -> W  Job        one unit of work + `frames` payload frames, or its `inputs` in C's request ring
+                       (+ releases, piggybacked: see Release)
     W -> C  Done       result tensors (descriptors into W's ring), small metadata, optional frames
     W -> C  Failed     the job's one-line reason
     C -> W  Release    allocations the client no longer uses (W may reuse their space); a client may
@@ -65,6 +66,9 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     deadline_ms: int
     args: dict[str, Value] = {}
     released: list[tuple[int, int]] = []  # (offset, seq) of the receiver's ring, applied before the job
+    # The job's inputs as (offset, nbytes) in the sender's request ring, instead of payload frames
+    # (then frames == 0); the sender keeps them unchanged until the job's answer arrives.
+    inputs: list[tuple[int, int]] = []
 
 
 class Done(msgspec.Struct, frozen=True, tag="done"):
@@ -137,4 +141,6 @@ def decode(frames: list) -> tuple[Message, list]:
     expected = message.frames if isinstance(message, (Job, Done)) else 0
     if len(payload) != expected or expected > MAX_FRAMES:
         raise WireError(f"{type(message).__name__} announces {expected} payload frame(s), got {len(payload)}")
+    if isinstance(message, Job) and message.inputs and (message.frames or len(message.inputs) > MAX_FRAMES):
+        raise WireError(f"Job has {len(message.inputs)} ring input(s) and {message.frames} payload frame(s)")
     return message, payload

@@ -54,6 +54,25 @@ def test_segment_mode_name_and_unlink():
     assert seg.close() and peer.close()
 
 
+def test_a_segment_shared_as_an_inherited_descriptor_needs_no_name():
+    # The client's request ring: its name goes at once; a child started later maps the descriptor.
+    seg = Segment.create(new_name("fd"), 4096)
+    fd = seg.reader_fd()
+    seg.unlink()
+    seg.buffer[:5] = b"hello"
+    code = "import sys; from ipc.segment import Segment; print(bytes(Segment.map_fd(int(sys.argv[1])).buffer[:5]))"
+    child = subprocess.run([sys.executable, "-c", code, str(fd)], pass_fds=(fd,), capture_output=True, text=True)
+    assert child.stdout.strip() == "b'hello'", child.stderr
+    reader = Segment.map_fd(fd)
+    os.close(fd)  # the mapping keeps the memory
+    assert bytes(reader.buffer[:5]) == b"hello" and not reader.writable
+    with pytest.raises(TypeError):
+        reader.buffer[0] = 1
+    with pytest.raises(SharedMemoryError, match=r"cannot open .* for reading"):
+        seg.reader_fd()  # unlinked: no new descriptor can be made
+    assert reader.close() and seg.close()
+
+
 def test_too_big_for_dev_shm_is_a_clear_start_up_error():
     size = free_bytes() + (1 << 30)
     name = new_name("huge")

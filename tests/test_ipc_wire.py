@@ -45,6 +45,13 @@ def test_round_trip(message):
     assert decoded == message and frames == payload
 
 
+def test_job_inputs_in_the_request_ring_replace_payload_frames():
+    job = Job(3, 0, 5000, {"kinds": "b"}, [(64, 2)], [(0, 8), (64, 135000)])
+    assert decode([encode(job)]) == (job, [])
+    with pytest.raises(WireError, match=r"Job has 2 ring input\(s\) and 1 payload frame\(s\)"):
+        decode([encode(Job(3, 1, 0, inputs=[(0, 8), (64, 1)])), b"x"])
+
+
 def test_payload_frame_count_is_checked():
     with pytest.raises(WireError, match=r"Job announces 2 payload frame\(s\), got 1"):
         decode([encode(Job(1, 2, 0)), b"only one"])

@@ -176,6 +176,7 @@ def test_cancel_queued_and_running(pool, images):
         r.release()
     # Everything the cancelled requests held was freed: a full pool's worth of work still fits.
     assert all(r.ok for r in (pool.process([P], [images["big"]]) for _ in range(3)))
+    assert pool.stats().request_ring_used_bytes == 0  # the running one's inputs too, once it answered
 
 
 def test_queue_full_rejects_at_once(images):
@@ -198,6 +199,7 @@ def test_worker_crash_is_answered_and_the_worker_replaced(images):
         [reply] = wait_replies(pool, 1)
         assert reply.request_id == rid and not reply.ok
         assert reply.error.startswith("worker crashed (worker 0, exit code -9)")
+        assert pool.stats().request_ring_used_bytes == 0  # the dead worker's inputs are free again
         after = pool.process([P], [images["small"]])
         assert after.ok and pool.worker_pids() != [pid] and pool.stats().restarts == 1
         after.release()
@@ -211,6 +213,7 @@ def test_hung_worker_hits_the_deadline_and_is_replaced(images):
         reply = pool.process([P], [images["small"]])
         assert not reply.ok and reply.error.startswith("deadline exceeded (1 s, worker 0)")
         assert 0.9 < time.monotonic() - t0 < 10
+        assert pool.stats().request_ring_used_bytes == 0
         after = pool.process([P], [images["small"]])
         assert after.ok and pool.worker_pids() != [pid]
         after.release()
@@ -242,6 +245,28 @@ def test_only_workers_hold_the_results_channel_and_close_leaves_no_fd(images):
     assert sending_end not in sockets_of(pool.io_pid())  # the I/O process cannot forge results
     pool.close()
     assert open_fds() == before
+
+
+def test_inputs_reach_workers_through_the_request_ring_or_frames_when_too_big(images, tmp_path):
+    # 1 MiB of request ring: the 1080p JPEG (~0.3 MB) goes through it, 4 of them in one request
+    # cannot all fit and travel as ZeroMQ frames; the outputs are the in-process driver's.
+    family = pipeline_from_spec(SPEC)
+    big = encode(photo_like(2000, 1500, seed=4), "PNG")
+    assert len(big) > 1 << 20 > len(images["big"]) and 4 * len(images["big"]) > 1 << 20
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 256, "request_ring_mib": 1}) as small_ring:
+        [worker] = small_ring.worker_pids()
+        for request in ([images["big"]], [images["big"]] * 4, [big], [images["jpeg"], big]):
+            reply = small_ring.process([P] * len(request), request)
+            expected = process(family, MmInput([P] * len(request), request))
+            assert reply.ok, reply.error
+            np.testing.assert_array_equal(reply.input_ids, expected.input_ids)
+            for got, item in zip(reply.features, expected.items, strict=True):
+                np.testing.assert_array_equal(got, item.feature)
+            reply.release()
+            assert small_ring.stats().request_ring_used_bytes == 0
+        with open(f"/proc/{worker}/maps") as f:
+            request_maps = [line.split()[1] for line in f if "-req-" in line]
+        assert request_maps == ["r--s"]  # workers map the client's request ring read-only
 
 
 def test_garbage_collected_pool_stops_its_processes(images):

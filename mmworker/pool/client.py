@@ -16,6 +16,10 @@ flight; `fileno()` becomes readable when a message arrives.
 
 Channels: requests, releases and the I/O process's traffic go through ZeroMQ (ipc.channels); each
 worker's answer comes back on the results channel (ipc.results), which skips libzmq's I/O threads.
+A dispatched job's input bytes (input_ids, images) are copied once into this process's request
+ring, which every worker maps read-only, and the Job carries their places: no image byte crosses a
+socket or libzmq's I/O thread. They stay there until the job's answer arrives (or its worker is
+gone); a job whose inputs do not fit sends them as payload frames instead.
 
 Exactly one reply per request, whatever happens: rejected at submit ("queue full", budgets), by a
 worker (its MmError), by the I/O process (fetch errors), "worker crashed", "deadline exceeded",
@@ -47,16 +51,16 @@ from typing import Any
 import numpy as np
 
 from ipc.channels import Router, RuntimeDir, new_context
-from ipc.errors import ChannelClosed, IpcError
+from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError
 from ipc.results import ResultsChannel
-from ipc.ring import RingReader
+from ipc.ring import Allocation, RingReader, RingWriter
 from ipc.segment import Segment, new_name, sweep_stale
 from ipc.wire import Done, Failed, Hello, Job, Release
 from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
 from mmworker.common.inline import decoded_size_estimate
 from mmworker.errors import MmError
 from mmworker.pool.config import PoolConfig
-from mmworker.pool.protocol import IO_IDENTITY, KIND_BYTES, KIND_STRING, needs_io
+from mmworker.pool.protocol import IO_IDENTITY, KIND_BYTES, KIND_STRING, REQUEST_RING, needs_io
 from mmworker.pool.reply import Reply, ReplyItem
 from mmworker.registry import pipeline_from_spec, spec_mapping
 from mmworker.runtime import tuned_environ
@@ -86,12 +90,14 @@ class PoolStats:
     cold_start_ms: tuple[float, ...]  # the latest 64 worker start-up times, oldest first
     shm_held_bytes: int
     shm_peak_held_bytes: int
+    request_ring_used_bytes: int  # the request ring's space held by the inputs of running jobs
 
 
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
-    __slots__ = ("core", "identity", "incarnation", "index", "pending", "proc", "reader", "rid", "segment", "started")
+    __slots__ = ("core", "identity", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid", "segment",
+                 "started")  # fmt: skip
 
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
@@ -103,6 +109,7 @@ class _Slot:
         self.rid: int | None = None
         self.started = 0.0
         self.pending: list[tuple[int, int]] = []  # released allocations that go with the next Job
+        self.inputs: list[Allocation] = []  # its running job's inputs in the request ring
 
     @property
     def ready(self) -> bool:
@@ -140,6 +147,8 @@ class _Resources:
         self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
         self.exits = select.poll()  # over the pidfds
         self.segments: list[Segment] = []
+        self.requests: RingWriter | None = None  # the request ring (its segment is in `segments`)
+        self.requests_fd: int | None = None  # its read-only descriptor, inherited by every worker
         self.closed = False
 
     def close(self) -> None:
@@ -167,6 +176,9 @@ class _Resources:
             self.router.close()
         if self.context is not None:
             self.context.term()
+        if self.requests_fd is not None:
+            os.close(self.requests_fd)
+        self.requests = None  # its array views the segment's memory, which close() then unmaps
         for segment in self.segments:
             segment.unlink()  # idempotent: a retired ring is unlinked already
             segment.close()
@@ -232,6 +244,11 @@ class WorkerPool:
         res.wake = select.epoll()
         res.wake.register(res.router.fileno(), select.EPOLLIN)
         res.wake.register(res.results.fileno(), select.EPOLLIN)
+        requests = Segment.create(new_name("req"), self.config.request_ring_mib << 20)
+        res.segments.append(requests)
+        res.requests_fd = requests.reader_fd()
+        requests.unlink()  # workers map the inherited descriptor: the name is not needed
+        res.requests = RingWriter(requests, REQUEST_RING)
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
         self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
@@ -282,14 +299,14 @@ class WorkerPool:
         self._by_identity[slot.identity] = slot
         slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
         self._res.segments.append(slot.segment)
-        results_fd = self._res.results.sender_fd
-        args = {"endpoint": self._res.router.endpoint, "results_fd": results_fd,
+        results_fd, requests_fd = self._res.results.sender_fd, self._res.requests_fd
+        args = {"endpoint": self._res.router.endpoint, "results_fd": results_fd, "requests_fd": requests_fd,
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": self.config.image_cpu_s,
                 "nice": self.config.worker_nice, "sched": self.plan.worker_sched}  # fmt: skip
         slot.started = time.monotonic()
-        slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd,))
+        slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd))
 
     # --- the public face ---------------------------------------------------------------------------
 
@@ -357,7 +374,10 @@ class WorkerPool:
                     return f"image {i}: source text is not valid Unicode ({exc.reason} at position {exc.start})"
                 kinds.append(KIND_STRING)
             elif isinstance(source, (bytes, bytearray, memoryview)):
-                raw += memoryview(source).nbytes
+                view = memoryview(source)
+                if not view.c_contiguous:
+                    return f"image {i}: a memoryview source must be C-contiguous"
+                raw += view.nbytes
                 frames.append(source)
                 kinds.append(KIND_BYTES)
             else:
@@ -445,6 +465,7 @@ class WorkerPool:
             rejected=self._stats["rejected"], in_flight=len(self._requests), queued=len(self._queue),
             cold_start_ms=tuple(self._cold_start), shm_held_bytes=self._held_bytes,
             shm_peak_held_bytes=self._peak_held_bytes,
+            request_ring_used_bytes=self._res.requests.stats().used if self._res.requests is not None else 0,
         )  # fmt: skip
 
     def worker_pids(self) -> list[int]:
@@ -513,6 +534,7 @@ class WorkerPool:
         self._res.router.mark_idle(slot.identity)
 
     def _on_result(self, slot: _Slot, message: Done | Failed) -> None:
+        self._free_inputs(slot)  # the worker has finished reading them
         req = self._answered(message.rid)
         slot.rid = None
         self._res.router.mark_idle(slot.identity)
@@ -605,6 +627,7 @@ class WorkerPool:
 
     def _restart(self, slot: _Slot, req: _Request | None, why: str) -> None:
         self._res.router.forget(slot.identity)
+        self._free_inputs(slot)  # its process has ended (or was killed and reaped): nothing reads them
         if req is not None and not req.cancelled:
             self._reject(req, why)
         elif req is not None:
@@ -628,24 +651,52 @@ class WorkerPool:
         router = self._res.router
         while self._queue and router.idle:
             req = self._queue[0]
-            frames = (req.ids, *req.frames)
             args = {"kinds": "".join(req.kinds)}
+            handed_over = time.monotonic()  # before the send: the worker may begin before it returns
+            frames = (req.ids, *req.frames)
+            staged = self._stage(frames)
+            places = [(a.offset, a.nbytes) for a in staged] if staged is not None else []
+            payload = () if staged is not None else frames
 
-            def job(peer: bytes, rid: int = req.rid, n: int = len(frames), args: dict = args) -> Job:
+            def job(peer: bytes, rid: int = req.rid, n: int = len(payload), args=args, places=places) -> Job:
                 slot = self._by_identity[peer]
                 released, slot.pending = slot.pending, []
-                return Job(rid, n, self._deadline_ms, args, released)
+                return Job(rid, n, self._deadline_ms, args, released, places)
 
-            handed_over = time.monotonic()  # before the send: the worker may begin before it returns
-            peer = router.dispatch(job, frames)
+            peer = router.dispatch(job, payload)
             if peer is None:
+                self._free(staged or [])
                 return
             self._queue.popleft()
             slot = self._by_identity[peer]
-            slot.rid = req.rid
+            slot.rid, slot.inputs = req.rid, staged or []
             req.state = "running"
             req.dispatched = handed_over
             req.deadline = handed_over + self.config.deadline_s
+
+    def _stage(self, frames: tuple) -> list[Allocation] | None:
+        """Copy a job's inputs into the request ring; None (nothing held) if they do not all fit now."""
+        ring, staged = self._res.requests, []
+        for frame in frames:
+            data = np.frombuffer(frame, np.uint8)
+            try:
+                allocation = ring.try_allocate(data.nbytes)
+            except AllocationTooLarge:
+                allocation = None
+            if allocation is None:
+                self._free(staged)
+                return None
+            ring.array(allocation, np.uint8, (data.nbytes,))[:] = data
+            staged.append(allocation)
+        return staged
+
+    def _free(self, allocations: list[Allocation]) -> None:
+        for allocation in allocations:
+            self._res.requests.release(allocation.offset, allocation.seq)
+
+    def _free_inputs(self, slot: _Slot) -> None:
+        self._free(slot.inputs)
+        slot.inputs = []
 
     # --- bookkeeping -----------------------------------------------------------------------------
 

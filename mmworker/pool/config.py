@@ -8,6 +8,8 @@ From a dict or a TOML file (every key optional):
                               # min(2, len // 4) when there are >= 4 cores, else 0)
     io_core = 1               # where the I/O process runs; default: floats over the non-worker cores
     ring_mib = 256            # shared-memory ring per worker (features of in-flight + unreleased replies)
+    request_ring_mib = 64     # the client's ring for running jobs' input bytes (a job that does not fit
+                              # sends them through ZeroMQ instead)
     queue_depth = 256         # requests in flight (queued + fetching + running + unread); beyond: "queue full"
     deadline_s = 60           # per request, from dispatch to a worker; past it: "deadline exceeded"
     image_cpu_s = 30          # CPU seconds per image a worker may spend on a request (then it rejects it)
@@ -104,6 +106,7 @@ class PoolConfig:
     reserved_cores: int | None = None
     io_core: int | None = None
     ring_mib: int = 256
+    request_ring_mib: int = 64
     queue_depth: int = 256
     deadline_s: float = 60.0
     image_cpu_s: float = 30.0
@@ -149,6 +152,7 @@ class PoolConfig:
         if self.reserved_cores is not None and (not isinstance(self.reserved_cores, int) or self.reserved_cores < 0):
             raise MmError(f"pool config: reserved_cores must be a non-negative int, got {self.reserved_cores!r}")
         positive("ring_mib", self.ring_mib)
+        positive("request_ring_mib", self.request_ring_mib)
         positive("queue_depth", self.queue_depth)
         positive("deadline_s", self.deadline_s, float)
         positive("image_cpu_s", self.image_cpu_s, float)

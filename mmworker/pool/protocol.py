@@ -3,6 +3,7 @@
 from mmworker.common.fetch import LOCAL_PREFIXES, REMOTE_PREFIXES
 
 IO_IDENTITY = b"io"  # the I/O process's channel identity; workers are b"w<index>.<incarnation>"
+REQUEST_RING = -1  # the ring id of the client's request ring (worker rings are numbered 0, 1, ...)
 
 # Job.args["kinds"]: one letter per image frame after the input_ids frame.
 KIND_BYTES = "b"  # raw encoded bytes (as submitted, or as the I/O process fetched them)

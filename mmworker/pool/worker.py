@@ -3,16 +3,18 @@
 Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interpreter: never a fork
 of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
 
-    {"endpoint": ..., "results_fd": fd, "worker": k, "incarnation": n, "ring": name,
-     "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s}
+    {"endpoint": ..., "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
+     "ring": name, "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s}
 
 Jobs, releases and Stop arrive through ZeroMQ (`endpoint`); Hello goes back that way too, but each
 job's answer goes through the inherited `results_fd` (ipc.results: no libzmq thread on that path).
+A job's input bytes are read in place from the client's request ring (`requests_fd`, read-only),
+unless they did not fit there and came as payload frames.
 
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
 a tiny image -> map the ring -> Hello -> then one job at a time:
 
-    Job(rid, frames=[input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
+    Job(rid, inputs or frames = [input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
       -> driver.process(family, MmInput, alloc=ring allocator)
       -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta;
@@ -36,7 +38,7 @@ import numpy as np
 from ipc.channels import Dealer, new_context
 from ipc.errors import ChannelClosed, IpcError
 from ipc.results import ResultSender
-from ipc.ring import RingWriter
+from ipc.ring import RingReader, RingWriter
 from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
 from mmworker.corpus import encode, photo_like
@@ -44,7 +46,7 @@ from mmworker.driver import MmInput, process
 from mmworker.errors import MmError
 from mmworker.pipeline import MRope
 from mmworker.pool.child import run_child
-from mmworker.pool.protocol import KIND_BYTES
+from mmworker.pool.protocol import KIND_BYTES, REQUEST_RING
 from mmworker.registry import pipeline_from_spec
 
 log = logging.getLogger("mmworker.worker")
@@ -61,6 +63,8 @@ class Worker:
         self._warm_up()
         self.segment = Segment.attach(args["ring"], writable=True)
         self.ring = RingWriter(self.segment, self.id)
+        self.requests = RingReader(Segment.map_fd(int(args["requests_fd"])), REQUEST_RING)
+        os.close(int(args["requests_fd"]))  # the mapping keeps the memory
         identity = f"w{self.id}.{args['incarnation']}".encode()
         self.results = ResultSender(int(args["results_fd"]), identity)
         self.context = new_context()
@@ -141,14 +145,23 @@ class Worker:
             self._free(allocations)
             self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}"))
 
+    def _inputs(self, job: Job, payload: list) -> list:
+        """The job's input buffers: views of the client's request ring, or the payload frames'."""
+        if job.inputs:
+            return [self.requests.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
+        return [frame.buffer for frame in payload]
+
     def _compute(self, job: Job, payload: list, alloc, allocations, t0: float) -> Done:
-        ids = np.frombuffer(payload[0].buffer, dtype="<i8")
+        buffers = self._inputs(job, payload)
+        if not buffers or len(buffers[0]) % 8:
+            raise MmError(f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them")
+        ids = np.frombuffer(buffers[0], dtype="<i8")
         kinds = job.args.get("kinds", "")
-        if not isinstance(kinds, str) or len(kinds) != len(payload) - 1:
-            raise MmError(f"malformed job: {len(payload) - 1} source frame(s) but kinds {kinds!r}")
+        if not isinstance(kinds, str) or len(kinds) != len(buffers) - 1:
+            raise MmError(f"malformed job: {len(buffers) - 1} source frame(s) but kinds {kinds!r}")
         sources = [
-            frame.buffer if kind == KIND_BYTES else str(frame.buffer, "utf-8")
-            for kind, frame in zip(kinds, payload[1:], strict=True)
+            buffer if kind == KIND_BYTES else str(buffer, "utf-8")
+            for kind, buffer in zip(kinds, buffers[1:], strict=True)
         ]
         out = process(self.family, MmInput(ids, sources), alloc=alloc)
         tensors = {"input_ids": self._store(out.input_ids, alloc, allocations)}
@@ -184,6 +197,7 @@ class Worker:
         self.context.term()
         del self.ring
         self.segment.close()
+        self.requests.segment.close()
 
 
 def _cpu_budget_exceeded(signum: int, frame: object) -> None:
