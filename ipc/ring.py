@@ -75,6 +75,7 @@ class RingWriter:
         self.ring = ring
         self.capacity = segment.size
         self._bytes = np.frombuffer(segment.buffer, np.uint8)
+        self._raw = segment.buffer  # a writable memoryview: plain byte copies without numpy
         self._live: collections.deque[_Entry] = collections.deque()
         self._by_offset: dict[int, _Entry] = {}
         self._head = 0
@@ -148,6 +149,17 @@ class RingWriter:
         if not self._live:
             self._head = 0
         return True
+
+    def write(self, allocation: Allocation, at: int, data: bytes | bytearray | memoryview | np.ndarray) -> int:
+        """Copy C-contiguous `data` to `at` bytes into `allocation`; returns the bytes written."""
+        raw = memoryview(data).cast("B")
+        start = allocation.offset + at
+        if at < 0 or at + raw.nbytes > allocation.nbytes:
+            raise IpcError(
+                f"ring {self.ring}: {raw.nbytes} bytes at {at} do not fit a {allocation.nbytes}-byte allocation"
+            )
+        self._raw[start : start + raw.nbytes] = raw
+        return raw.nbytes
 
     def array(self, allocation: Allocation, dtype: np.dtype | str, shape: tuple[int, ...]) -> np.ndarray:
         """A writable C-contiguous array over an allocation (the writer fills its output here)."""

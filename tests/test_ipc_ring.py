@@ -103,6 +103,17 @@ def test_sweep_removes_only_segments_of_dead_creators():
         live.close()
 
 
+def test_write_copies_into_an_allocation_and_nowhere_else(ring):
+    writer, reader = ring
+    allocation = writer.try_allocate(100)
+    assert writer.write(allocation, 0, b"abc") == 3
+    assert writer.write(allocation, 64, np.arange(4, dtype="<i8")) == 32
+    assert bytes(reader.view(allocation.offset, 3, "|u1", (3,))) == b"abc"
+    assert reader.view(allocation.offset + 64, 32, "<i8", (4,)).tolist() == [0, 1, 2, 3]
+    with pytest.raises(IpcError, match=r"33 bytes at 68 do not fit a 100-byte allocation"):
+        writer.write(allocation, 68, b"x" * 33)
+
+
 def test_allocation_larger_than_ring(ring):
     writer, _ = ring
     with pytest.raises(AllocationTooLarge, match=r"allocation of 70000 bytes is larger than the ring \(65536 bytes\)"):

@@ -165,6 +165,28 @@ def test_dispatch_goes_to_idle_workers_only(channel):
     assert router.dispatch(Job(3, 0, 0)) == second
 
 
+def test_poll_says_where_the_messages_are(channel):
+    _, ctx, router, dealers = channel
+    reading, writing = os.pipe()
+    try:
+        router.watch(reading)
+        assert router.poll(10) == 0  # nothing: the wait timed out
+        os.write(writing, b"x")
+        assert router.poll(1000) == 2  # the watched fd only
+        dealers.append(Dealer(ctx, router.endpoint, b"w9"))
+        dealers[-1].send(Stop())
+        deadline = time.monotonic() + 5
+        while router.poll(100) != 3 and time.monotonic() < deadline:
+            pass
+        assert router.poll(0) == 3  # both: the router's socket is bit 0
+        assert isinstance(router.recv()[1], Stop)
+        os.read(reading, 1)
+        assert router.poll(0) == 0
+    finally:
+        os.close(reading)
+        os.close(writing)
+
+
 def test_malformed_messages_are_dropped_not_raised(channel):
     _, ctx, router, _dealers = channel
     raw = ctx.socket(zmq.DEALER)

@@ -53,7 +53,7 @@ import numpy as np
 from ipc.channels import Router, RuntimeDir, new_context
 from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError
 from ipc.results import ResultsChannel
-from ipc.ring import Allocation, RingReader, RingWriter
+from ipc.ring import ALIGN, Allocation, RingReader, RingWriter
 from ipc.segment import Segment, new_name, sweep_stale
 from ipc.wire import Done, Failed, Hello, Job, Release
 from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
@@ -73,6 +73,9 @@ _COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool th
 # How often poll() looks for ended children (one poll(2) over their pidfds; waitpid only when one
 # ended) and overdue requests: often enough that a crash is answered within a few ms.
 _CHECK_INTERVAL_S = 0.01
+# Where a wake-up found messages (Router.poll's mask: the router's socket, then the watched results).
+_FROM_ROUTER, _FROM_RESULTS = 1, 2
+_FROM_ANY = _FROM_ROUTER | _FROM_RESULTS
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class _Slot:
         self.rid: int | None = None
         self.started = 0.0
         self.pending: list[tuple[int, int]] = []  # released allocations that go with the next Job
-        self.inputs: list[Allocation] = []  # its running job's inputs in the request ring
+        self.inputs: Allocation | None = None  # its running job's inputs in the request ring
 
     @property
     def ready(self) -> bool:
@@ -244,7 +247,8 @@ class WorkerPool:
         res.wake = select.epoll()
         res.wake.register(res.router.fileno(), select.EPOLLIN)
         res.wake.register(res.results.fileno(), select.EPOLLIN)
-        requests = Segment.create(new_name("req"), self.config.request_ring_mib << 20)
+        # Written here for every job: populated now, so no copy into it ever waits for a page fault.
+        requests = Segment.create(new_name("req"), self.config.request_ring_mib << 20, populate=True)
         res.segments.append(requests)
         res.requests_fd = requests.reader_fd()
         requests.unlink()  # workers map the inherited descriptor: the name is not needed
@@ -264,7 +268,7 @@ class WorkerPool:
             if time.monotonic() > deadline:
                 raise MmError(f"pool start-up: workers not ready within {self.config.start_timeout_s} s")
             res.router.poll(50)
-            self._receive()
+            self._receive(_FROM_ANY)
 
     def _spawn(self, module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         """Exec a fresh interpreter for a child (never a fork of this process); it pins itself."""
@@ -393,14 +397,14 @@ class WorkerPool:
     def poll(self, timeout: float = 0) -> list[Reply]:
         """Finished replies (submission order unless `ordered=False`), waiting up to `timeout` seconds for one."""
         deadline = time.monotonic() + max(0.0, timeout)
-        arrived = True
+        arrived = _FROM_ANY
         while True:
             self._pump(arrived)
             ready = self._collect() if self._finished else []
             remaining = deadline - time.monotonic()
             if ready or remaining <= 0 or self._res.closed:
                 return ready
-            # False: the wait timed out with nothing to receive, so the next pump skips receiving.
+            # The next pump receives only from what the wait found ready (nothing, if it timed out).
             arrived = self._res.router.poll(int(min(remaining, 0.05) * 1000) + 1)
 
     def process(
@@ -495,26 +499,27 @@ class WorkerPool:
 
     # --- the engine (runs inside poll) ---------------------------------------------------------------
 
-    def _pump(self, receive: bool = True) -> None:
+    def _pump(self, receive: int = _FROM_ANY) -> None:
+        """One turn of the engine; `receive` says where to look for messages (_FROM_ROUTER, _FROM_RESULTS)."""
         if self._res.closed:
             return
         if receive:
-            self._receive()
+            self._receive(receive)
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + _CHECK_INTERVAL_S
             self._check_processes()
         self._dispatch()
 
-    def _receive(self) -> None:
+    def _receive(self, where: int) -> None:
         results = self._res.results
-        while (got := results.recv()) is not None:
+        while where & _FROM_RESULTS and (got := results.recv()) is not None:
             peer, message = got
             slot = self._worker(peer)
             if slot is not None and isinstance(message, (Done, Failed)):
                 self._on_result(slot, message)
         router = self._res.router
-        while (got := router.recv()) is not None:
+        while where & _FROM_ROUTER and (got := router.recv()) is not None:
             peer, message, payload = got
             if peer == IO_IDENTITY:
                 self._on_io(message, payload)
@@ -654,8 +659,7 @@ class WorkerPool:
             args = {"kinds": "".join(req.kinds)}
             handed_over = time.monotonic()  # before the send: the worker may begin before it returns
             frames = (req.ids, *req.frames)
-            staged = self._stage(frames)
-            places = [(a.offset, a.nbytes) for a in staged] if staged is not None else []
+            staged, places = self._stage(frames)
             payload = () if staged is not None else frames
 
             def job(peer: bytes, rid: int = req.rid, n: int = len(payload), args=args, places=places) -> Job:
@@ -665,38 +669,41 @@ class WorkerPool:
 
             peer = router.dispatch(job, payload)
             if peer is None:
-                self._free(staged or [])
+                self._free(staged)
                 return
             self._queue.popleft()
             slot = self._by_identity[peer]
-            slot.rid, slot.inputs = req.rid, staged or []
+            slot.rid, slot.inputs = req.rid, staged
             req.state = "running"
             req.dispatched = handed_over
             req.deadline = handed_over + self.config.deadline_s
 
-    def _stage(self, frames: tuple) -> list[Allocation] | None:
-        """Copy a job's inputs into the request ring; None (nothing held) if they do not all fit now."""
-        ring, staged = self._res.requests, []
-        for frame in frames:
-            data = np.frombuffer(frame, np.uint8)
-            try:
-                allocation = ring.try_allocate(data.nbytes)
-            except AllocationTooLarge:
-                allocation = None
-            if allocation is None:
-                self._free(staged)
-                return None
-            ring.array(allocation, np.uint8, (data.nbytes,))[:] = data
-            staged.append(allocation)
-        return staged
+    def _stage(self, frames: tuple) -> tuple[Allocation | None, list[tuple[int, int]]]:
+        """Copy a job's inputs into one allocation of the request ring, each 64-byte aligned as a
+        reader's view must be: (the allocation, each input's (offset, nbytes)); (None, []) when they
+        do not fit now (nothing is held then)."""
+        sizes = [memoryview(frame).nbytes for frame in frames]
+        spans = [-(-n // ALIGN) * ALIGN for n in sizes]
+        ring = self._res.requests
+        try:
+            allocation = ring.try_allocate(sum(spans))
+        except AllocationTooLarge:
+            allocation = None
+        if allocation is None:
+            return None, []
+        places, at = [], 0
+        for frame, span in zip(frames, spans, strict=True):
+            places.append((allocation.offset + at, ring.write(allocation, at, frame)))
+            at += span
+        return allocation, places
 
-    def _free(self, allocations: list[Allocation]) -> None:
-        for allocation in allocations:
+    def _free(self, allocation: Allocation | None) -> None:
+        if allocation is not None:
             self._res.requests.release(allocation.offset, allocation.seq)
 
     def _free_inputs(self, slot: _Slot) -> None:
         self._free(slot.inputs)
-        slot.inputs = []
+        slot.inputs = None
 
     # --- bookkeeping -----------------------------------------------------------------------------
 
