@@ -11,12 +11,16 @@ each round's medians are taken over those calls; the result is the median over r
   (.venv-ref, scripts/setup_reference.sh) because torchvision would replace pillow-simd here, as a
   process on the same CPU that measures when asked, so its rounds interleave with the others;
 - the sglang 0.5.23 Rust extension's `qwen_vl.preprocess` with SGL_MM_RS_THREADS=1 (a yardstick only).
-Also: the floor (decode alone + one write of the output) and peak RSS per image in a fresh process.
+Also: the floor (decode alone + one write of the output, with non-temporal stores as the kernel
+writes it, into one of four buffers in turn so that it is not in cache: a ring slot never is) and
+peak RSS per image in a fresh process.
 
     .venv/bin/python bench/bench_preprocess.py [--rounds 5] [--json out.json]
 """
 
 import argparse
+import functools
+import itertools
 import json
 import math
 import os
@@ -88,6 +92,31 @@ print(status("VmHWM:") - before, pv.nbytes)
 """
 
 
+@functools.cache
+def _stream_fill():
+    """A numba kernel filling a float32 array with non-temporal stores (compiled once, on first use)."""
+    from numba import njit
+
+    from mmworker.common.stream import stream_fence, stream_out
+
+    @njit
+    def fill(out, stage):
+        flat, at = out.reshape(-1), 0
+        while at < flat.shape[0]:
+            n = min(stage.shape[0], flat.shape[0] - at)
+            stream_out(flat, at, stage, n, out.ctypes.data)
+            at += n
+        stream_fence()
+
+    return fill
+
+
+def write_floor(buffers: list):
+    """One streaming write of the output per call, to the next of `buffers` (together larger than L3)."""
+    fill, stage, turn = _stream_fill(), np.zeros(4096, np.float32), itertools.cycle(buffers)
+    return lambda: fill(next(turn), stage)
+
+
 def load_hf_pil(spec: dict):
     try:
         from transformers import Qwen2VLImageProcessorPil
@@ -156,12 +185,11 @@ def main() -> int:
     rows = {}
     for key, (data, path) in images.items():
         pv, _ = preprocess(data, specs["aten_u8"])
-        out = np.empty_like(pv)
         impls = {
             "mmworker aten_u8": partial(preprocess, data, specs["aten_u8"]),
             "mmworker pil": partial(preprocess, data, specs["pil"]),
             "floor: decode": partial(decode_image, data),
-            "floor: write": partial(out.fill, 0.0),
+            "floor: write": write_floor([np.empty_like(pv) for _ in range(4)]),
         }
         if hf_pil is not None:
             impls["HF Pil (pillow-simd)"] = lambda d=data: hf_pil(

@@ -2,7 +2,7 @@
 
 | module | owns |
 |---|---|
-| `segment` | POSIX shared-memory segments: create (0600, fallocate, pre-faulted), attach, unlink, stale sweep |
+| `segment` | POSIX shared-memory segments: create (0600, fallocate), attach or map an inherited fd, unlink, sweep |
 | `ring` | `RingWriter` (a writer's allocator over its own segment), `RingReader` (checked zero-copy views) |
 | `wire` | versioned msgspec messages and their checked decoding; never pickle |
 | `channels` | private ipc:// endpoints, the load-balancing client `Router`, worker `Dealer`s |

@@ -2,7 +2,7 @@
 
 | module | owns |
 |---|---|
-| `client` | `WorkerPool`: processes, rings, queue, dispatch, replies in order, restarts |
+| `client` | `WorkerPool`: processes, rings (workers', its request ring), queue, dispatch, ordered replies, restarts |
 | `worker` | the CPU worker process (driver.process into its shared-memory ring) |
 | `iostage` | the I/O process (pycurl multi: URLs and files before a request reaches a worker) |
 | `reply` | `Reply` (zero-copy views, release) and `to_sglang` |

@@ -63,8 +63,9 @@ class Worker:
         self._warm_up()
         self.segment = Segment.attach(args["ring"], writable=True)
         self.ring = RingWriter(self.segment, self.id)
-        self.requests = RingReader(Segment.map_fd(int(args["requests_fd"])), REQUEST_RING)
+        self.requests_segment = Segment.map_fd(int(args["requests_fd"]))
         os.close(int(args["requests_fd"]))  # the mapping keeps the memory
+        self.requests = RingReader(self.requests_segment, REQUEST_RING)
         identity = f"w{self.id}.{args['incarnation']}".encode()
         self.results = ResultSender(int(args["results_fd"]), identity)
         self.context = new_context()
@@ -195,9 +196,9 @@ class Worker:
         self.results.close()
         self.channel.close()
         self.context.term()
-        del self.ring
+        del self.ring, self.requests
         self.segment.close()
-        self.requests.segment.close()
+        self.requests_segment.close()
 
 
 def _cpu_budget_exceeded(signum: int, frame: object) -> None:
