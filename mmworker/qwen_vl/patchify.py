@@ -85,8 +85,12 @@ def patchify_into(
     if out.dtype != np.float32 or out.shape != expected or not out.flags.c_contiguous:
         raise MmError(f"patchify: out must be C-contiguous float32 {expected}, got {out.dtype} {out.shape}")
     divisor = norm.divisor if norm.divisor is not None else np.ones(3, np.float32)
+    # Always a read-only view: decoded and resized pixels come both ways, and numba compiles (and
+    # caches) one specialisation per array type, which a worker's warm-up would have to cover.
+    words = pixels.reshape(h, w * 4).view(np.uint32)
+    words.flags.writeable = False
     _patchify(
-        pixels.reshape(h, w * 4).view(np.uint32), np.ascontiguousarray(bounds, np.int32),
+        words, np.ascontiguousarray(bounds, np.int32),
         np.ascontiguousarray(weights, np.int32), precision, norm.divisor is not None, divisor, norm.offset,
         norm.scale, patch, merge, temporal, out,
     )  # fmt: skip
