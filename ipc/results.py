@@ -33,6 +33,8 @@ _MAX_IDENTITY = 255
 # The largest record either side accepts. A Done for 64 images is ~7 KB; this also fits the
 # default socket buffer (208 KB), so no socket option is needed anywhere.
 MAX_RECORD_BYTES = 64 << 10
+# As a plain int: `flags & socket.MSG_TRUNC` would build an enum member for every record.
+_MSG_TRUNC = int(socket.MSG_TRUNC)
 
 
 class ResultsChannel:
@@ -75,7 +77,7 @@ class ResultsChannel:
         return None
 
     def _parse(self, n: int, flags: int) -> tuple[bytes, Message]:
-        if flags & socket.MSG_TRUNC or n > MAX_RECORD_BYTES:
+        if flags & _MSG_TRUNC or n > MAX_RECORD_BYTES:
             raise WireError(f"record longer than {MAX_RECORD_BYTES} bytes")
         if n == 0 or 1 + self._buffer[0] > n or self._buffer[0] == 0:
             raise WireError(f"record of {n} bytes has no complete identity")

@@ -397,7 +397,8 @@ class WorkerPool:
     def poll(self, timeout: float = 0) -> list[Reply]:
         """Finished replies (submission order unless `ordered=False`), waiting up to `timeout` seconds for one."""
         deadline = time.monotonic() + max(0.0, timeout)
-        arrived = _FROM_ANY
+        # What is waiting already: one poll(2), not a check per channel (nothing, once closed).
+        arrived = self._res.router.poll(0) if not self._res.closed else 0
         while True:
             self._pump(arrived)
             ready = self._collect() if self._finished else []
