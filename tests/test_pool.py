@@ -179,6 +179,21 @@ def test_cancel_queued_and_running(pool, images):
     assert pool.stats().request_ring_used_bytes == 0  # the running one's inputs too, once it answered
 
 
+def test_a_queued_request_keeps_the_ids_it_was_given(images):
+    # The caller may reuse its array as soon as submit returns, also while the request waits.
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
+        busy = pool.submit([P], [images["big"]])
+        ids = np.array([7, P, 8], np.int64)
+        queued = pool.submit(ids, [images["jpeg"]])
+        ids[:] = -1
+        replies = {r.request_id: r for r in wait_replies(pool, 2)}
+        got = replies[queued].input_ids
+        assert replies[queued].ok and got[0] == 7 and got[-1] == 8 and (got[1:-1] == P).all()
+        for r in replies.values():
+            r.release()
+        assert busy in replies
+
+
 def test_queue_full_rejects_at_once(images):
     with WorkerPool(SPEC, {"queue_depth": 2, "workers": 1, "ring_mib": 64}) as pool:
         rids = [pool.submit([P], [images["jpeg"]]) for _ in range(5)]

@@ -360,7 +360,7 @@ class WorkerPool:
     def _prepare(self, req: _Request, input_ids, images, mm_hashes) -> str | None:
         """Convert and check what is cheap to check here; the worker checks everything else."""
         try:
-            ids = np.ascontiguousarray(np.asarray(input_ids, dtype=np.int64).reshape(-1))
+            ids = np.array(input_ids, dtype=np.int64).reshape(-1)  # a copy of its own: contiguous, kept unchanged
         except (TypeError, ValueError, OverflowError) as exc:
             return f"input_ids must be integers: {exc}"
         if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
