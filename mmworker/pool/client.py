@@ -322,7 +322,11 @@ class WorkerPool:
         request_id: Any = None,
         mm_hashes: Sequence[str] | None = None,
     ) -> Any:
-        """Queue one request and return its id; never blocks. Every request gets exactly one Reply."""
+        """Queue one request and return its id; never blocks. Every request gets exactly one Reply.
+
+        `input_ids` are copied here. Image bytes are not: they are read when the request reaches a
+        worker, so a bytearray or memoryview source must stay unchanged until its reply arrives.
+        """
         if self._res.closed:
             raise MmError("pool closed: submit after close()")
         if request_id is None:
