@@ -12,7 +12,7 @@ from PIL import Image
 from reference_resize import resize as reference_resize
 
 from mmworker import MmError
-from mmworker.common.pixels import RgbImage, unpack_rgb
+from mmworker.common.pixels import RgbImage, rgbx_copy
 from mmworker.common.resize import vertical_coefficients
 from mmworker.qwen_vl import QwenSpec, QwenVL, mrope_image_only, preprocess, smart_resize
 from mmworker.qwen_vl.patchify import normalisation, patchify_into
@@ -134,16 +134,9 @@ def reference_table(mean, std, resample) -> np.ndarray:
     return np.stack(rows)
 
 
-def rgbx(pixels: np.ndarray) -> np.ndarray:
-    """(h, w, 4) uint8 copy of (h, w, 3) pixels, pad byte 255."""
-    out = np.empty((*pixels.shape[:2], 4), np.uint8)
-    unpack_rgb(np.ascontiguousarray(pixels).reshape(-1), out.reshape(-1))
-    return out
-
-
 def kernel_table(mean, std, resample) -> np.ndarray:
     """The same table, computed by patchify_into: one 16x16 patch holding every byte value once."""
-    pixels = rgbx(np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16, 1), 3, axis=2))
+    pixels = rgbx_copy(np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16, 1), 3, axis=2))
     out = np.empty((1, 3 * 256), np.float32)
     patchify_into(pixels, vertical_coefficients(16, 16, "aten_u8"), normalisation(mean, std, resample), 16, 1, 1, out)
     return out.reshape(3, 256)
@@ -170,9 +163,8 @@ def test_tv_q3_patch_order():
     img = (16 * y + 2 * x + c).astype(np.uint8)
     table = reference_table((0.0,) * 3, (1.0,) * 3, "pil")
     pv = np.empty((8, 24), np.float32)
-    patchify_into(
-        rgbx(img), vertical_coefficients(4, 4, "pil_bicubic"), normalisation((0.0,) * 3, (1.0,) * 3, "pil"), 2, 2, 2, pv
-    )
+    norm = normalisation((0.0,) * 3, (1.0,) * 3, "pil")
+    patchify_into(rgbx_copy(img), vertical_coefficients(4, 4, "pil_bicubic"), norm, 2, 2, 2, pv)
     flat = pv.reshape(-1)
     value = lambda yy, xx, cc: table[cc, 16 * yy + 2 * xx + cc]  # noqa: E731
     assert flat[24] == value(0, 2, 0)
@@ -206,7 +198,7 @@ def test_patchify_equals_vertical_resize_then_hf_reshape(ps, m, tps, bh, bw, ext
     mean, std = tuple(rng.random(3)), tuple(rng.random(3) + 0.1)
     resampler = "aten_u8" if resample == "aten_u8" else "pil_bicubic"
     out = np.empty((bh * m * bw * m, 3 * tps * ps * ps), np.float32)
-    patchify_into(rgbx(pixels), vertical_coefficients(in_h, out_h, resampler), normalisation(mean, std, resample),
+    patchify_into(rgbx_copy(pixels), vertical_coefficients(in_h, out_h, resampler), normalisation(mean, std, resample),
                   ps, m, tps, out)  # fmt: skip
     resized = reference_resize(pixels, w, out_h, resampler)
     expected = hf_patchify(resized, reference_table(mean, std, resample), ps, m, tps)

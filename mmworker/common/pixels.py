@@ -167,6 +167,14 @@ def copy_rgb(pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def rgbx_copy(pixels: np.ndarray) -> np.ndarray:
+    """(h, w, 4) uint8 copy of (h, w, 3) pixels, as Pillow lays RGB out (pad byte 255)."""
+    h, w = pixels.shape[0], pixels.shape[1]
+    out = np.empty((h, w, 4), np.uint8)
+    unpack_rgb(np.ascontiguousarray(pixels).reshape(-1), out.reshape(-1))
+    return out
+
+
 def image_from_rgb(arr: np.ndarray) -> Image.Image:
     """A new Pillow RGB image holding (h, w, C >= 3) uint8 pixels, written straight into its storage.
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from mmworker.common import resample
 from mmworker.common.decode import MAX_IMAGE_PIXELS
-from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, unpack_rgb
+from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, rgbx_copy
 from mmworker.errors import MmError
 
 RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
@@ -91,17 +91,13 @@ def horizontal_resize(image: RgbImage, out_w: int, resample_name: str, *, consum
     check_resample(resample_name)
     check_output_size(out_w, image.height)
     if out_w == image.width:
-        return image if image.pixels.shape[2] == 4 else RgbImage(pixels=_four_byte(image.pixels))
+        return image if image.pixels.shape[2] == 4 else RgbImage(pixels=rgbx_copy(image.pixels))
     if consume and out_w < image.width and image.buffer is not None and image.pixels.shape[2] == 4:
         return _horizontal_in_place(image, out_w, resample_name)
     if resample_name == "aten_u8":
-        pil = image.to_pil()
-        if consume:
-            image.release()
-        del image
-        resized = from_pil(pil.resize((out_w, pil.height), Image.Resampling.BICUBIC))
+        resized = _resize_aten_u8(image, out_w, image.height, consume)  # the horizontal pass only
         if resized.pixels.shape[2] != 4:  # Pillow kept it in several blocks (an untuned process)
-            resized = RgbImage(pixels=_four_byte(resized.pixels))
+            resized = RgbImage(pixels=rgbx_copy(resized.pixels))
         return resized
     bounds, weights, _ = resample.axis_coefficients(image.width, out_w, _FIXED_POINT_KIND[resample_name])
     out = np.empty((image.height, out_w, 4), np.uint8)
@@ -159,13 +155,6 @@ def vertical_coefficients(in_h: int, out_h: int, resample_name: str) -> tuple[np
     if resample_name == "aten_u8":
         return resample.axis_coefficients(in_h, out_h, resample.BICUBIC, aten=True)
     return resample.axis_coefficients(in_h, out_h, _FIXED_POINT_KIND[resample_name])
-
-
-def _four_byte(pixels: np.ndarray) -> np.ndarray:
-    h, w = pixels.shape[0], pixels.shape[1]
-    out = np.empty((h, w, 4), np.uint8)
-    unpack_rgb(np.ascontiguousarray(pixels).reshape(-1), out.reshape(-1))
-    return out
 
 
 def resize_rgb(arr: np.ndarray, out_w: int, out_h: int, resample: str = "pil_lanczos") -> np.ndarray:
