@@ -113,11 +113,7 @@ class Segment:
         except OSError as exc:
             raise SharedMemoryError(f"shared memory: cannot attach {path}: {exc.strerror}") from exc
         try:
-            size = os.fstat(fd).st_size
-            if size <= 0:
-                raise SharedMemoryError(f"shared memory: {path} is empty")
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            buf = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, prot)
+            size, buf = _map(fd, path, writable=writable, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         finally:
             os.close(fd)
         return cls(name, size, buf, owner=False, writable=writable)
@@ -134,10 +130,7 @@ class Segment:
     def map_fd(cls, fd: int) -> "Segment":
         """Map an inherited read-only descriptor of a segment (see `reader_fd`); the fd stays open."""
         try:
-            size = os.fstat(fd).st_size
-            if size <= 0:
-                raise SharedMemoryError(f"shared memory: descriptor {fd} is empty")
-            buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            size, buf = _map(fd, f"descriptor {fd}", writable=False, flags=mmap.MAP_SHARED)
         except OSError as exc:
             raise SharedMemoryError(f"shared memory: cannot map descriptor {fd}: {exc.strerror}") from exc
         return cls(f"fd:{fd}", size, buf, owner=False, writable=False)
@@ -171,6 +164,15 @@ class Segment:
     def __repr__(self) -> str:
         role = "owner" if self.owner else "attached"
         return f"Segment({self.name!r}, {self.size} bytes, {role}, {'linked' if self._linked else 'unlinked'})"
+
+
+def _map(fd: int, what: str, *, writable: bool, flags: int) -> tuple[int, mmap.mmap]:
+    """(size, mapping) of a whole segment's descriptor; SharedMemoryError if it is empty."""
+    size = os.fstat(fd).st_size
+    if size <= 0:
+        raise SharedMemoryError(f"shared memory: {what} is empty")
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    return size, mmap.mmap(fd, size, flags, prot)
 
 
 def sweep_stale(prefix: str = PREFIX) -> list[str]:
