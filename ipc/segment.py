@@ -70,12 +70,8 @@ class Segment:
         self._linked = owner
 
     @classmethod
-    def create(cls, name: str, size: int, *, populate: bool = False) -> "Segment":
-        """Create, reserve and map a new segment of `size` bytes (SharedMemoryError if impossible).
-
-        `populate` fills this mapping's page tables up front (MAP_POPULATE), for a creator that
-        writes the segment itself: its first touch of each page then costs no fault.
-        """
+    def create(cls, name: str, size: int) -> "Segment":
+        """Create, reserve and map a new segment of `size` bytes (SharedMemoryError if impossible)."""
         if size <= 0:
             raise SharedMemoryError(f"shared memory: segment size must be positive, got {size}")
         path = os.path.join(SHM_DIR, name)
@@ -95,8 +91,7 @@ class Segment:
                         f"({free_bytes()} bytes free); enlarge it (e.g. docker --shm-size) or shrink the rings"
                     ) from exc
                 raise
-            flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
-            buf = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             os.unlink(path)

@@ -247,8 +247,7 @@ class WorkerPool:
         res.wake = select.epoll()
         res.wake.register(res.router.fileno(), select.EPOLLIN)
         res.wake.register(res.results.fileno(), select.EPOLLIN)
-        # Written here for every job: populated now, so no copy into it ever waits for a page fault.
-        requests = Segment.create(new_name("req"), self.config.request_ring_mib << 20, populate=True)
+        requests = Segment.create(new_name("req"), self.config.request_ring_mib << 20)
         res.segments.append(requests)
         res.requests_fd = requests.reader_fd()
         requests.unlink()  # workers map the inherited descriptor: the name is not needed
