@@ -123,7 +123,6 @@ class Router:
         self._idle: OrderedDict[bytes, None] = OrderedDict()
         self.rejected = 0  # malformed messages dropped
         self._poll_items = [(self.sock, _POLLIN)]  # built once: a wait happens per loop turn
-        self._watched: list[int] = []
 
     def fileno(self) -> int:
         """The socket's edge-triggered notification fd: readable means "call recv until None"."""
@@ -173,14 +172,13 @@ class Router:
     def watch(self, fd: int) -> None:
         """Make `poll` return also when `fd` (another channel, e.g. ipc.results) becomes readable."""
         self._poll_items.append((fd, _POLLIN))
-        self._watched.append(fd)
 
     def poll(self, timeout_ms: int) -> int:
         """Wait up to timeout_ms for a message here or on a watched fd. Returns which are ready as a
         bit mask: bit 0 this socket (then call recv), bit k the k-th watched fd; 0 if none."""
         ready = 0
         for item, _ in _zmq_poll(self._poll_items, timeout_ms):
-            ready |= 1 if item is self.sock else 2 << self._watched.index(item)
+            ready |= 1 << self._poll_items.index((item, _POLLIN))
         return ready
 
     def recv(self) -> tuple[bytes, Message, list] | None:
