@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES, ByteBudget
-from mmworker.common.decode import decode_image
+from mmworker.common.decode import with_image
 from mmworker.common.fetch import fetch_bytes
 from mmworker.common.hashing import content_hash
 from mmworker.errors import MmError
@@ -99,7 +99,7 @@ def process(
     for index, data in enumerate(raw):
         try:
             digest = content_hash(data)
-            processed = family.process_item(decode_image(data), alloc)
+            processed = with_image(data, lambda image: family.process_item(image, alloc))
         except MmError as exc:
             raise MmError(f"image {index}: {exc}") from exc
         items.append(ItemOutput(processed.feature, processed.aux, digest, processed.geometry))

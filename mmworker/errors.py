@@ -1,5 +1,7 @@
 """The MmError family: every failure mmworker reports to a caller."""
 
+import re
+
 
 class MmError(ValueError):
     """A request, source or argument was rejected; the message names the input and the cause.
@@ -7,3 +9,15 @@ class MmError(ValueError):
     A ValueError so that callers written against SGLang's Rust extension (whose errors all
     surface as ValueError) keep working unchanged.
     """
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def image_decode_error(exc: BaseException) -> MmError:
+    """The MmError for an image decoder's exception: its text, without heap addresses.
+
+    Pillow sometimes puts object reprs (heap addresses) in messages; those are never passed on.
+    """
+    text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
+    return MmError(f"image decode: {text}")

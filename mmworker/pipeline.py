@@ -9,8 +9,11 @@ A family describes data and never runs a request (the crate's `MmFamilyProcessor
 
 `process_item` writes its feature into an array it gets from `alloc(shape, dtype)`: in process that
 is `np.empty`, in a pool worker it is a slice of shared memory, so the feature is computed straight
-into its final place. It consumes its image: it may release it (`RgbImage.release`) as soon as it
-has read it, so that the decoded pixels' memory can be reused within the same item. The driver
+into its final place. It consumes its image, which is decoded pixels (`RgbImage`) or, for a
+sequential colour JPEG, the opened file (`JpegRows`: decode it whole with `load()`, or take its
+rows in bands as they decode with `stream(sink)`); it may release decoded pixels
+(`RgbImage.release`) as soon as it has read them, so that their memory can be reused within the
+same item. The driver
 (mmworker.driver) owns control flow and the failure protocol; `apply_layout` here turns a layout
 into expanded ids and inclusive offsets with every coverage check the crate makes, so no family can
 produce an inconsistent request.
@@ -22,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
+from mmworker.common.jpeg_rows import JpegRows
 from mmworker.common.pixels import RgbImage
 from mmworker.errors import MmError
 
@@ -121,7 +125,7 @@ class Family(Protocol):
 
     def capabilities(self) -> Capabilities: ...
 
-    def process_item(self, image: RgbImage, alloc: Allocator = numpy_allocator) -> ProcessedItem: ...
+    def process_item(self, image: RgbImage | JpegRows, alloc: Allocator = numpy_allocator) -> ProcessedItem: ...
 
     def layout(self, input_ids: np.ndarray, geometries: Sequence[Geometry]) -> TokenLayout: ...
 

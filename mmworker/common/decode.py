@@ -7,19 +7,25 @@ transpose; GIF and WebP give their first frame. The result equals
 Pillow's (libjpeg-turbo, zlib, libwebp), we only decide what to accept and how to hand pixels on.
 
 Everything that can be rejected from the header is rejected before any pixel buffer exists: the
-format (from magic bytes), the PNG bit depth and the pixel count.
+format (from magic bytes), the PNG bit depth and the pixel count. `open_image` stops there for a
+sequential colour JPEG and leaves the decode to its consumer (mmworker.common.jpeg_rows), which may
+take the rows in bands as they decode; `with_image` keeps the order of errors that decoding
+first would give.
 """
 
 import io
 import re
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from mmworker.common.jpeg_rows import JpegRows
 from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_pil
 from mmworker.common.png import PNG_SIGNATURE, decode_png
-from mmworker.errors import MmError
+from mmworker.errors import MmError, image_decode_error
 
 # Largest decoded image, in pixels. Equal to Pillow's DecompressionBombError threshold and to the
 # Rust crate's 512 MiB allocation ceiling for an RGB8 buffer (512 MiB / 3); ~13400 x 13400. Far
@@ -53,8 +59,8 @@ _REFUSED_BY_MAGIC = (
     (b"\x76\x2f\x31\x01", "OpenEXR"),
     (b"SIMPLE  =", "FITS"),
 )
+T = TypeVar("T")
 _PNM_MAGIC = re.compile(rb"P[1-7]\s")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 # PNG IHDR colour types, named as the Rust `image` crate names their 16-bit layouts.
 _PNG_16BIT_NAMES = {0: "L16", 2: "Rgb16", 3: "Rgb16", 4: "La16", 6: "Rgba16"}
@@ -92,12 +98,6 @@ def _check_dimensions(w: int, h: int, max_pixels: int) -> None:
         raise MmError(f"image decode: {w}x{h} image has {w * h} pixels, above the limit of {max_pixels}")
 
 
-def _pil_error(exc: BaseException) -> MmError:
-    # Pillow sometimes puts object reprs (heap addresses) in messages; never pass those on.
-    text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
-    return MmError(f"image decode: {text}")
-
-
 def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.Image:
     try:
         with warnings.catch_warnings():
@@ -107,7 +107,7 @@ def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.
     except Image.DecompressionBombError as exc:
         raise MmError(f"image decode: image too large: {exc}") from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise _pil_error(exc) from exc
+        raise image_decode_error(exc) from exc
     w, h = image.size
     try:
         _check_dimensions(w, h, max_pixels)
@@ -121,10 +121,18 @@ def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.
 
 
 def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> RgbImage:
-    """Decode an accepted image to RGB8 pixels (see the module docstring for the rules).
+    """Decode an accepted image to RGB8 pixels (see the module docstring for the rules)."""
+    image = open_image(data, max_pixels)
+    return image.load() if isinstance(image, JpegRows) else image
 
-    PNGs go through our own decoder first (mmworker.common.png: ~4x faster than Pillow's, same
-    pixels); whatever it is not sure about, Pillow decodes, which also produces Pillow's errors.
+
+def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> RgbImage | JpegRows:
+    """`decode_image`, except that a sequential colour JPEG comes back opened, not decoded yet.
+
+    Its consumer decodes it (`JpegRows.load`, or `stream` to take its rows in bands without ever
+    holding the whole image); every other image comes back decoded. PNGs go through our own
+    decoder first (mmworker.common.png: ~4x faster than Pillow's, same pixels); whatever it is
+    not sure about, Pillow decodes, which also produces Pillow's errors.
     """
     fmt = sniff_format(data)
     if fmt == "PNG":
@@ -135,9 +143,11 @@ def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -
         if fast is not None:
             return fast
     image = _open_checked(data, fmt, max_pixels)
+    if fmt == "JPEG" and image.mode == "RGB":
+        # Progressive files give no row before their last scan: nothing to stream.
+        jpeg = JpegRows(image, len(data))
+        return jpeg.load() if image.info.get("progressive") else jpeg
     try:
-        if fmt == "JPEG" and image.mode == "RGB":
-            return _decode_into_buffer(image)
         if image.mode in RGB_STORAGE_MODES:
             # Decode straight into one memory block so the pixels can be viewed in place.
             image.im = Image.core.new_block(image.mode, image.size)
@@ -154,26 +164,26 @@ def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -
     except MmError:
         raise
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
-        raise _pil_error(exc) from exc
+        raise image_decode_error(exc) from exc
     return from_pil(image)
 
 
-def _decode_into_buffer(image: Image.Image) -> RgbImage:
-    """Let Pillow decode into a numpy buffer of 4-byte pixels that the result owns alone.
+def with_image(
+    data: bytes | memoryview, use: Callable[[RgbImage | JpegRows], T], max_pixels: int = MAX_IMAGE_PIXELS
+) -> T:
+    """`use(open_image(data))`, failing as if the image had been decoded before `use` ran.
 
-    ImageFile.load allocates nothing when the image already has its memory, and its decoder writes
-    4 bytes per pixel (R, G, B, 255) into whatever image it is given: here one that maps the
-    buffer. The buffer is not zero-filled first (Pillow's own allocation is), and whoever consumes
-    the result may overwrite and shrink it (mmworker.common.resize.horizontal_resize does).
+    `use` may reject an opened JPEG from its size before decoding it (Qwen's aspect-ratio limit);
+    a file that would not have decoded is then what the caller is told about, as when every image
+    was decoded first. That costs a decode on this error path only.
     """
-    w, h = image.size
-    buffer = np.empty(h * w * 4, np.uint8)
-    image.im = Image.frombuffer("RGBX", (w, h), buffer, "raw", "RGBX", 0, 1).im
+    image = open_image(data, max_pixels)
     try:
-        image.load()
-    finally:
-        image.close()  # drops the mapping (and with it Pillow's hold on the buffer)
-    return RgbImage(pixels=buffer.reshape(h, w, 4), buffer=buffer)
+        return use(image)
+    except MmError:
+        if isinstance(image, JpegRows) and not image.started:
+            image.load()  # raises the file's own error, if it has one
+        raise
 
 
 def image_decode_rgb(data: bytes | memoryview) -> tuple[int, int, np.ndarray]:

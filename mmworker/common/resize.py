@@ -13,7 +13,9 @@ which is why it equals torchvision and not Pillow; Pillow 13 changed pass order,
 Every resampler runs the horizontal pass first, rounds to uint8, then runs the vertical pass, each
 with coefficients from its own axis alone. So a kernel may take the two apart
 (`horizontal_resize`, then `vertical_coefficients` applied in its own loop, as the Qwen patchify
-does) and get the same bytes without the vertically resized image ever existing.
+does) and get the same bytes without the vertically resized image ever existing; and since the
+horizontal pass treats each row alone, it can run band by band as a JPEG decodes
+(`horizontal_rows`), so that neither the decoded nor the resized image exists whole.
 """
 
 import numpy as np
@@ -21,6 +23,7 @@ from PIL import Image
 
 from mmworker.common import resample
 from mmworker.common.decode import MAX_IMAGE_PIXELS
+from mmworker.common.jpeg_rows import JpegRows, RowSink
 from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, rgbx_copy
 from mmworker.errors import MmError
 
@@ -136,6 +139,52 @@ def _horizontal_in_place(image: RgbImage, out_w: int, resample_name: str) -> Rgb
         del source, target
     buffer.resize(h * row_out)  # refcheck: raises if any view of the old extent were still alive
     return RgbImage(pixels=buffer.reshape(h, out_w, 4), buffer=buffer)
+
+
+def horizontal_rows(image: JpegRows, out_w: int, resample_name: str, overlap: int, sink: RowSink) -> None:
+    """The horizontal pass of `resample_name` over a JPEG as it decodes, handed to `sink(first_row, rows)` in bands.
+
+    Each band after the first repeats the last `overlap` rows of the one before, so a vertical
+    pass whose taps for one output row span at most `overlap + 1` rows always finds them in one
+    band. Neither the decoded nor the resized image ever exists whole (`JpegRows.stream`).
+    """
+    check_resample(resample_name)
+    check_output_size(out_w, image.height)
+    image.stream(_HorizontalBands(image.width, out_w, resample_name, overlap, sink))
+
+
+class _HorizontalBands:
+    """A row sink that resizes each band it gets horizontally and hands it on behind the overlap rows."""
+
+    def __init__(self, in_w: int, out_w: int, resample_name: str, overlap: int, sink: RowSink) -> None:
+        self.in_w, self.out_w, self.resample_name, self.overlap, self.sink = in_w, out_w, resample_name, overlap, sink
+        self.window = np.empty((0, out_w, 4), np.uint8)  # overlap rows, then the band
+        self.kept = 0
+        if resample_name != "aten_u8" and in_w != out_w:
+            self.bounds, self.weights, _ = resample.axis_coefficients(in_w, out_w, _FIXED_POINT_KIND[resample_name])
+
+    def __call__(self, first: int, rows: np.ndarray) -> None:
+        n, kept = rows.shape[0], self.kept
+        if self.window.shape[0] < kept + n:
+            grown = np.empty((kept + n, self.out_w, 4), np.uint8)
+            grown[:kept] = self.window[:kept]
+            self.window = grown
+        target = self.window[kept : kept + n]
+        if self.in_w == self.out_w:
+            target[...] = rows
+        elif self.resample_name == "aten_u8":
+            band = Image.frombuffer("RGBX", (self.in_w, n), rows, "raw", "RGBX", 0, 1)
+            resized = from_pil(band.resize((self.out_w, n), Image.Resampling.BICUBIC)).pixels
+            del band
+            if resized.shape[2] == 4:
+                target[...] = resized
+            else:  # Pillow kept it in several blocks (an untuned process)
+                target[..., :3] = resized
+        else:
+            resample.horizontal_pass(rows, 0, self.bounds, self.weights, target)
+        self.sink(first - kept, self.window[: kept + n])
+        self.kept = min(self.overlap, kept + n)
+        self.window[: self.kept] = self.window[kept + n - self.kept : kept + n]
 
 
 def vertical_coefficients(in_h: int, out_h: int, resample_name: str) -> tuple[np.ndarray, np.ndarray, int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mmworker.common.decode import decode_image
+from mmworker.common.decode import with_image
 from mmworker.errors import MmError
 from mmworker.qwen_vl.family import QwenVL
 from mmworker.qwen_vl.mrope import mrope_image_only
@@ -42,5 +42,5 @@ def as_spec(spec: QwenSpec | Mapping[str, Any] | str) -> QwenSpec:
 
 def preprocess(data: bytes | memoryview, spec: QwenSpec | Mapping[str, Any] | str) -> tuple[np.ndarray, tuple]:
     """Decode -> smart_resize -> resize -> normalise -> patchify one image."""
-    item = QwenVL(as_spec(spec)).process_item(decode_image(data))
+    item = with_image(data, QwenVL(as_spec(spec)).process_item)
     return item.feature, tuple(int(v) for v in item.aux["image_grid_thw"])

@@ -4,8 +4,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mmworker.common.jpeg_rows import JpegRows
 from mmworker.common.pixels import RgbImage
-from mmworker.common.resize import horizontal_resize, vertical_coefficients
+from mmworker.common.resize import horizontal_resize, horizontal_rows, vertical_coefficients
 from mmworker.pipeline import (
     Allocator,
     Capabilities,
@@ -17,7 +18,7 @@ from mmworker.pipeline import (
     numpy_allocator,
 )
 from mmworker.qwen_vl.mrope import mrope_image_only
-from mmworker.qwen_vl.patchify import normalisation, patchify_into
+from mmworker.qwen_vl.patchify import PatchifyRows, normalisation, patchify_into
 from mmworker.qwen_vl.sizing import smart_resize
 from mmworker.qwen_vl.spec import QwenSpec
 
@@ -52,19 +53,31 @@ class QwenVL:
         t, gh, gw = grid
         return t * gh * gw, self.spec.feature_dim
 
-    def process_item(self, image: RgbImage, alloc: Allocator = numpy_allocator) -> ProcessedItem:
+    def process_item(self, image: RgbImage | JpegRows, alloc: Allocator = numpy_allocator) -> ProcessedItem:
         spec = self.spec
         grid = self.grid_for(image.height, image.width)
         th, tw = grid[1] * spec.patch_size, grid[2] * spec.patch_size
         resampler = _RESAMPLER[spec.resample]
-        # The resize's vertical pass runs inside patchify_into (see its module); the horizontal
-        # one here, after which the decoded image can go.
+        shape = self.feature_shape(grid)
+        patch = (spec.patch_size, spec.merge_size, spec.temporal_patch_size)
+        # The resize's vertical pass runs inside the patchify (see its module), on the rows of the
+        # horizontal one.
         vertical = vertical_coefficients(image.height, th, resampler)
-        image = horizontal_resize(image, tw, resampler, consume=True)
-        feature = alloc(self.feature_shape(grid), np.dtype(np.float32))
-        patchify_into(
-            image.pixels, vertical, self._norm, spec.patch_size, spec.merge_size, spec.temporal_patch_size, feature
-        )
+        if isinstance(image, JpegRows) and image.height * image.width * 2 > shape[0] * shape[1]:
+            # Decoded pixels (4 bytes each) outweighing half the feature would set the item's
+            # peak memory: rows are resized and patchified as they are decoded, and no whole
+            # image ever exists (12 MP: 2.48x -> 1.29x the feature).
+            feature = alloc(shape, np.dtype(np.float32))
+            rows = PatchifyRows(vertical, self._norm, *patch, (image.height, tw), feature)
+            horizontal_rows(image, tw, resampler, rows.overlap, rows)
+            rows.finish()
+        else:
+            # Smaller: decoded whole, which is faster (one band, no ring: 0.2-0.5 ms at 720p-1080p),
+            # and resized in place, so that the feature allocated after it can reuse the memory.
+            decoded = image.load() if isinstance(image, JpegRows) else image
+            resized = horizontal_resize(decoded, tw, resampler, consume=True)
+            feature = alloc(shape, np.dtype(np.float32))
+            patchify_into(resized.pixels, vertical, self._norm, *patch, feature)
         return ProcessedItem(
             feature=feature,
             aux={"image_grid_thw": np.array(grid, np.int64)},

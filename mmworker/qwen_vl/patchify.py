@@ -12,7 +12,9 @@ applying it in this loop gives the same bytes while the vertically resized image
 rows: each row is the vertical pass's fixed-point sum of source rows, clipped to uint8 and
 normalised with the exact float32 operations of the processor being reproduced, into an L2-sized
 band of channel planes; then every merge block is assembled in an L1 stage from 16-float copies
-and streamed out with non-temporal stores (mmworker.common.stream).
+and streamed out with non-temporal stores (mmworker.common.stream). Output is written in order, one
+merge-block row at a time, so the source rows can arrive in bands (`PatchifyRows`) as a JPEG
+decodes: each band of merge-block rows is written as soon as the rows it reads are in.
 """
 
 from dataclasses import dataclass
@@ -66,34 +68,95 @@ def patchify_into(
     rows to the output's height (mmworker.common.resize.vertical_coefficients), a multiple of
     patch * merge.
     """
-    bounds, weights, precision = vertical
-    h, w = pixels.shape[0], pixels.shape[1]
-    block = patch * merge
-    out_h = bounds.shape[0]
+    _check_pixels(pixels)
+    rows = PatchifyRows(vertical, norm, patch, merge, temporal, pixels.shape[:2], out)
+    rows(0, pixels)
+    rows.finish()
+
+
+def _check_pixels(pixels: np.ndarray) -> None:
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 4 or not pixels.flags.c_contiguous:
         raise MmError(f"patchify: expected C-contiguous (h, w, 4) uint8 pixels, got {pixels.dtype} {pixels.shape}")
     if pixels.ctypes.data % 4:
         raise MmError("patchify: pixels must be 4-byte aligned")
-    if w % block or out_h % block or out_h == 0 or w == 0:
-        raise MmError(f"patchify: {w}x{out_h} is not a positive multiple of {block} in both sides")
-    first, count = bounds[:, 0].astype(np.int64), bounds[:, 1].astype(np.int64)
-    if first.min() < 0 or count.min() < 1 or (first + count).max() > h or count.max() > weights.shape[1]:
-        raise MmError(f"patchify: vertical pass coefficients do not fit {h} source rows")
-    if not 1 <= precision <= 22 or weights.shape[0] != out_h:
-        raise MmError(f"patchify: bad vertical pass coefficients (precision {precision})")
-    expected = ((out_h // patch) * (w // patch), 3 * temporal * patch * patch)
-    if out.dtype != np.float32 or out.shape != expected or not out.flags.c_contiguous:
-        raise MmError(f"patchify: out must be C-contiguous float32 {expected}, got {out.dtype} {out.shape}")
-    divisor = norm.divisor if norm.divisor is not None else np.ones(3, np.float32)
-    # Always a read-only view: decoded and resized pixels come both ways, and numba compiles (and
-    # caches) one specialisation per array type, which a worker's warm-up would have to cover.
-    words = pixels.reshape(h, w * 4).view(np.uint32)
-    words.flags.writeable = False
-    _patchify(
-        words, np.ascontiguousarray(bounds, np.int32),
-        np.ascontiguousarray(weights, np.int32), precision, norm.divisor is not None, divisor, norm.offset,
-        norm.scale, patch, merge, temporal, out,
-    )  # fmt: skip
+
+
+class PatchifyRows:
+    """`patchify_into` for pixels that arrive in bands of rows: each merge-block row is written once its rows are in.
+
+    A row sink (mmworker.common.jpeg_rows.RowSink): call it with consecutive bands `(first_row,
+    rows)` of the (height, width) source, each repeating the last `overlap` rows of the one before
+    (mmworker.common.resize.horizontal_rows hands them on so), then `finish()`. Output is written
+    in order, so the bands may be all the memory the source ever has.
+    """
+
+    def __init__(
+        self,
+        vertical: tuple[np.ndarray, np.ndarray, int],
+        norm: Normalisation,
+        patch: int,
+        merge: int,
+        temporal: int,
+        size: tuple[int, int],
+        out: np.ndarray,
+    ) -> None:
+        bounds, weights, precision = vertical
+        h, w = size
+        block = patch * merge
+        out_h = bounds.shape[0]
+        if w % block or out_h % block or out_h == 0 or w == 0:
+            raise MmError(f"patchify: {w}x{out_h} is not a positive multiple of {block} in both sides")
+        first, count = bounds[:, 0].astype(np.int64), bounds[:, 1].astype(np.int64)
+        if first.min() < 0 or count.min() < 1 or (first + count).max() > h or count.max() > weights.shape[1]:
+            raise MmError(f"patchify: vertical pass coefficients do not fit {h} source rows")
+        if not 1 <= precision <= 22 or weights.shape[0] != out_h:
+            raise MmError(f"patchify: bad vertical pass coefficients (precision {precision})")
+        expected = ((out_h // patch) * (w // patch), 3 * temporal * patch * patch)
+        if out.dtype != np.float32 or out.shape != expected or not out.flags.c_contiguous:
+            raise MmError(f"patchify: out must be C-contiguous float32 {expected}, got {out.dtype} {out.shape}")
+        self._bounds = np.ascontiguousarray(bounds, np.int32)
+        self._weights = np.ascontiguousarray(weights, np.int32)
+        self._precision, self._norm, self._shape = precision, norm, (patch, merge, temporal)
+        self._divisor = norm.divisor if norm.divisor is not None else np.ones(3, np.float32)
+        self._width, self._block, self._out = w, block, out
+        self._out_per_block_row = merge * (w // patch)  # rows of out one merge-block row fills
+        # Source rows [start, end) each merge-block row reads; a block row is written in order,
+        # once a band reaches its end (the running maximum, so that readiness is monotonic).
+        starts, ends = first.reshape(-1, block).min(axis=1), (first + count).reshape(-1, block).max(axis=1)
+        self._starts, self._ends = starts, np.maximum.accumulate(ends)
+        self.overlap = int((ends - starts).max())
+        self._done = 0  # merge-block rows written
+
+    def __call__(self, first_row: int, pixels: np.ndarray) -> None:
+        _check_pixels(pixels)
+        n, w = pixels.shape[:2]
+        if w != self._width:
+            raise MmError(f"patchify: rows of {w} pixels, expected {self._width}")
+        b0 = self._done
+        b1 = int(np.searchsorted(self._ends, first_row + n, side="right"))
+        if b1 <= b0:
+            return
+        if self._starts[b0:b1].min() < first_row:
+            raise MmError(f"patchify: rows from {first_row} on do not hold every row merge-block row {b0} reads")
+        bounds = self._bounds[b0 * self._block : b1 * self._block].copy()
+        bounds[:, 0] -= first_row
+        norm, (patch, merge, temporal) = self._norm, self._shape
+        # Always a read-only view: decoded and resized pixels come both ways, and numba compiles (and
+        # caches) one specialisation per array type, which a worker's warm-up would have to cover.
+        words = pixels.reshape(n, w * 4).view(np.uint32)
+        words.flags.writeable = False
+        step = self._out_per_block_row
+        _patchify(
+            words, bounds, self._weights[b0 * self._block : b1 * self._block], self._precision,
+            norm.divisor is not None, self._divisor, norm.offset, norm.scale, patch, merge, temporal,
+            self._out[b0 * step : b1 * step],
+        )  # fmt: skip
+        self._done = b1
+
+    def finish(self) -> None:
+        """Check that every merge-block row was written (every source row arrived)."""
+        if self._done != self._starts.shape[0]:
+            raise MmError(f"patchify: only {self._done} of {self._starts.shape[0]} merge-block rows had their rows")
 
 
 @njit(cache=True, error_model="numpy")

@@ -1,0 +1,285 @@
+"""Colour JPEGs decoded by Pillow: whole into a buffer the result owns, or through a ring of rows handed on in bands.
+
+`JpegRows` is an opened colour (YCbCr or RGB, sequential) JPEG whose header has been checked and
+whose pixels are not decoded yet. `load()` decodes it whole; `stream(sink)` decodes it into a ring
+of rows and calls `sink(first_row, rows)` with every band of rows as soon as it is decoded, so that
+a consumer that reads rows in order (a resize, then a patchify) never has the whole image in
+memory: at 12 MP the decoded image (48.8 MB of 4-byte pixels) is twice Qwen's pixel_values.
+
+How it works. Pillow's decoder writes row y wherever the image's row pointer y points
+(im->image[y]), and ImageFile.load reads the file in chunks through the plugin's `load_read`,
+between which the decoder has written every complete row it could. So:
+- the image Pillow decodes into maps an untouched anonymous mapping of the image's size (which
+  Pillow's size check wants; no page of it is touched unless rows spill there, below), and its
+  row pointers are aimed at the slots of a ring of R rows, row y at slot y mod R;
+- on every read the rows decoded since the last one are found from a mark: the decoder writes
+  255 as every pixel's fourth byte, and the last fourth byte of a slot is set to 0 whenever its
+  row has been handed on, so rows y, y+1, ... are decoded while their slots read 255;
+- rows are handed on in bands aligned with the ring, and a slot takes a new row only after the
+  row it held was handed on: rows that would need a slot still in use point into the untouched
+  mapping instead (where the mark reads 0 until written). A chunk that decodes more rows than the
+  ring holds (flat areas compress to a few bytes a row) lands there, costs page faults and
+  memory, and loses nothing; those pages are released once handed on.
+The pixels are the decoder's own, from the same library call as an eager decode; only where rows
+land differs. Reading the row pointers needs the layout of Pillow's image struct
+(ImagingMemoryInstance); it is checked against what is known of the image before anything is
+written, and if it does not match the image is decoded whole and handed on as one band.
+"""
+
+import ctypes
+import mmap
+import traceback
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+from PIL import Image
+
+from mmworker.common.pixels import RgbImage
+from mmworker.errors import image_decode_error
+
+# sink(first_row, rows): rows (n, width, 4) uint8 are image rows first_row .. first_row + n - 1,
+# valid only during the call (their memory is reused afterwards).
+RowSink = Callable[[int, np.ndarray], None]
+
+# Decoded bytes per band handed on (the ring holds two). Small enough to stay in L2/L3 while the
+# consumer reads it, large enough that a consumer's per-call setup is paid rarely (pillow-simd
+# computes a horizontal pass's coefficients on every call: ~65 us at 4032 -> 1148).
+_BAND_BYTES = 2 << 20
+# File bytes per read: the decoder may produce rows for a whole chunk at once, so a chunk should
+# not decode to more rows than the ring has free (below); more only spills, never fails.
+_READ_MIN, _READ_MAX = 4096, 65536
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, MemoryError)
+
+
+class _ImagingHead(ctypes.Structure):
+    """The leading fields of Pillow 12's ImagingMemoryInstance (Imaging.h), up to the line size."""
+
+    _fields_ = [
+        ("mode", ctypes.c_int),
+        ("type", ctypes.c_int),
+        ("depth", ctypes.c_int),
+        ("bands", ctypes.c_int),
+        ("xsize", ctypes.c_int),
+        ("ysize", ctypes.c_int),
+        ("palette", ctypes.c_void_p),
+        ("image8", ctypes.c_void_p),
+        ("image32", ctypes.c_void_p),
+        ("image", ctypes.c_void_p),
+        ("block", ctypes.c_void_p),
+        ("blocks", ctypes.c_void_p),
+        ("pixelsize", ctypes.c_int),
+        ("linesize", ctypes.c_int),
+    ]
+
+
+class _Memory:
+    """Memory owned elsewhere, for numpy to view (np.asarray) without a copy."""
+
+    def __init__(self, address: int, shape: tuple[int, ...], typestr: str) -> None:
+        self.__array_interface__ = {"data": (address, False), "shape": shape, "typestr": typestr, "version": 3}
+
+
+def _capsule_pointer(capsule: object) -> int:
+    get_name, get_pointer = ctypes.pythonapi.PyCapsule_GetName, ctypes.pythonapi.PyCapsule_GetPointer
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return get_pointer(capsule, get_name(capsule))
+
+
+def _row_pointers(core: object, width: int, height: int, first_row: int) -> np.ndarray | None:
+    """The row pointer array of a 4-byte Pillow image mapping rows from `first_row` on, as uint64[height].
+
+    None unless the struct read has this image's size, 4-byte pixels, one array for image32 and
+    image, and that array holds exactly the rows frombuffer mapped: then the layout is not the one
+    assumed and nothing may be written.
+    """
+    ptr = getattr(core, "ptr", None)
+    if ptr is None:
+        return None
+    head = _ImagingHead.from_address(_capsule_pointer(ptr))
+    line = width * 4
+    if (head.xsize, head.ysize, head.bands, head.pixelsize, head.linesize) != (width, height, 4, 4, line):
+        return None
+    if not head.image or head.image32 != head.image or head.image8:
+        return None
+    # Through numpy's array interface: a ctypes array type made per call would be cyclic garbage.
+    rows = np.asarray(_Memory(head.image, (height,), "<u8"))
+    if not np.array_equal(rows, first_row + np.arange(height, dtype=np.uint64) * np.uint64(line)):
+        return None
+    return rows
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Drop the local variables of the finished frames in exc's tracebacks and those of its causes."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+class JpegRows:
+    """An opened colour JPEG, header checked, pixels not decoded: `load()` or `stream(sink)`, once."""
+
+    def __init__(self, image: Image.Image, file_bytes: int) -> None:
+        self._image = image
+        self._file_bytes = file_bytes
+        self.width, self.height = image.size
+        self.started = False  # load or stream was called (each closes the file when done)
+
+    def __repr__(self) -> str:
+        return f"JpegRows({self.width}x{self.height})"
+
+    def load(self) -> RgbImage:
+        """Decode the whole image into a numpy buffer of 4-byte pixels that the result owns alone.
+
+        ImageFile.load allocates nothing when the image already has its memory, and its decoder
+        writes 4 bytes per pixel (R, G, B, 255) into whatever image it is given: here one that maps
+        the buffer. The buffer is not zero-filled first (Pillow's own allocation is), and whoever
+        consumes the result may overwrite and shrink it (mmworker.common.resize.horizontal_resize does).
+        """
+        self.started = True
+        w, h = self.width, self.height
+        buffer = np.empty(h * w * 4, np.uint8)
+        self._image.im = Image.frombuffer("RGBX", (w, h), buffer, "raw", "RGBX", 0, 1).im
+        self._decode(None)
+        return RgbImage(pixels=buffer.reshape(h, w, 4), buffer=buffer)
+
+    def stream(self, sink: RowSink) -> None:
+        """Decode, calling `sink` with consecutive bands of rows that cover the image once, in order."""
+        self.started = True
+        w, h = self.width, self.height
+        reserve = mmap.mmap(-1, h * w * 4)  # virtual only; rows spill here (see the module docstring)
+        ring = None
+        try:
+            self._image.im = Image.frombuffer("RGBX", (w, h), reserve, "raw", "RGBX", 0, 1).im
+            ring = _Ring(self, reserve, sink)
+            if ring.pointers is None:  # not the image struct this was written for
+                ring = None
+                sink(0, self.load().pixels)
+                return
+            self._decode(ring.before_read)
+            ring.finish()
+        except BaseException as exc:
+            # The failed decode's frames (Pillow's load, its decoder) hold the image that maps the
+            # reserve, and the exception's traceback would keep them, and the mapping, alive.
+            _clear_frames(exc)
+            raise
+        finally:
+            self._image.close()  # drops Pillow's mapping of the reserve (and its row pointers)
+            if ring is not None:
+                ring.drop()
+            reserve.close()
+
+    def _decode(self, before_read: Callable[[int], int] | None) -> None:
+        """Pillow's load, with `before_read(size) -> size` run before it reads each chunk of the file."""
+        image = self._image
+        if before_read is not None:
+            read = image.load_read  # the plugin's; ImageFile.load reads every chunk through it
+            image.load_read = lambda size: read(before_read(size))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image.load()
+        except _DECODE_ERRORS as exc:
+            raise image_decode_error(exc) from exc
+        finally:
+            image.close()  # drops the mapping (and with it Pillow's hold on the memory)
+            if before_read is not None:
+                del image.load_read  # else image and hook would hold each other until a gc pass
+
+
+class _Ring:
+    """One streaming decode's state: the ring, where each row points, what is decoded and handed on."""
+
+    def __init__(self, jpeg: JpegRows, reserve: mmap.mmap, sink: RowSink) -> None:
+        w, h = jpeg.width, jpeg.height
+        self.height, self.row_bytes, self.sink, self.reserve = h, w * 4, sink, reserve
+        self.spill = np.frombuffer(reserve, np.uint8).reshape(h, w, 4)
+        self.pointers = _row_pointers(jpeg._image.im, w, h, self.spill.ctypes.data)
+        self.band = min(h, max(16, _BAND_BYTES // self.row_bytes // 16 * 16))
+        self.slots = min(h, 2 * self.band)  # a multiple of `band`, or every row: bands never wrap
+        self.ring = np.empty((self.slots, w, 4), np.uint8)
+        self.marks = self.ring[:, -1, 3]  # each slot's last fourth byte
+        self.marks[:] = 0
+        self.bounce: np.ndarray | None = None  # spilled rows are handed on from here
+        self.in_ring = np.zeros(h, np.bool_)
+        self.decoded = 0  # rows known to be decoded
+        self.handed = 0  # rows handed on (a multiple of `band` until the end)
+        self.aimed = 0  # rows [decoded, aimed) point into the ring, rows from max(decoded, aimed) do not
+        # File bytes that decode to about half a band of this image's average rows.
+        self.read_bytes = max(_READ_MIN, min(_READ_MAX, jpeg._file_bytes * self.band // (2 * h)))
+        if self.pointers is not None:
+            self._aim()
+
+    def before_read(self, _size: int) -> int:
+        self._scan()
+        while self.decoded >= min(self.height, self.handed + self.band) > self.handed:
+            self._hand_on(min(self.height, self.handed + self.band))
+        self._aim()
+        return self.read_bytes
+
+    def finish(self) -> None:
+        """After load() returned: every row is written, wherever it points; hand on the rest."""
+        self.decoded = self.height
+        while self.handed < self.height:
+            self._hand_on(min(self.height, self.handed + self.band))
+
+    def drop(self) -> None:
+        """Let go of every view of the reserve and of Pillow's row pointers (freed with the image)."""
+        self.spill = self.pointers = None
+
+    def _aim(self) -> None:
+        # Row r may take slot r % slots once the row there before it (r - slots) has been handed on.
+        start, stop = max(self.decoded, self.aimed), min(self.height, self.handed + self.slots)
+        if start < stop:
+            slots = np.arange(start, stop, dtype=np.uint64) % np.uint64(self.slots)
+            self.pointers[start:stop] = np.uint64(self.ring.ctypes.data) + slots * np.uint64(self.row_bytes)
+            self.in_ring[start:stop] = True
+            self.aimed = stop
+
+    def _scan(self) -> None:
+        row = self.decoded
+        if row < self.aimed:  # the ring's rows, in slot order with one wrap at most
+            first = row % self.slots
+            n = self.aimed - row
+            marks = np.concatenate((self.marks[first : first + n], self.marks[: max(0, first + n - self.slots)]))
+            pending = np.flatnonzero(marks != 255)
+            if pending.size:
+                self.decoded = row + int(pending[0])
+                return
+            row = self.aimed
+        while row < self.height and self.spill[row, -1, 3] == 255:  # spilled rows, if any
+            row += 1
+        self.decoded = row
+
+    def _hand_on(self, end: int) -> None:
+        """Hand rows [handed, end) to the sink, one run of rows in one place at a time, and free them."""
+        row = self.handed
+        while row < end:
+            home = self.in_ring[row]
+            changes = np.flatnonzero(self.in_ring[row:end] != home)
+            stop = row + int(changes[0]) if changes.size else end
+            if home:
+                slot = row % self.slots
+                self.sink(row, self.ring[slot : slot + stop - row])
+                self.marks[slot : slot + stop - row] = 0
+            else:
+                self._hand_on_spilled(row, stop)
+            row = stop
+        self.handed = end
+
+    def _hand_on_spilled(self, start: int, stop: int) -> None:
+        # Through a bounce buffer, so that no view of the reserve leaves this object (it is unmapped
+        # at the end, and an exception's traceback may keep the sink's arguments alive).
+        if self.bounce is None:
+            self.bounce = np.empty_like(self.ring[: self.band])
+        for row in range(start, stop, self.band):
+            n = min(self.band, stop - row)
+            self.bounce[:n] = self.spill[row : row + n]
+            self.sink(row, self.bounce[:n])
+        page = mmap.PAGESIZE
+        first, last = -(-start * self.row_bytes // page) * page, stop * self.row_bytes // page * page
+        if last > first:
+            self.reserve.madvise(mmap.MADV_DONTNEED, first, last - first)
