@@ -5,6 +5,8 @@ import io
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from mmworker import MmError
@@ -177,3 +179,48 @@ def test_a_broken_file_is_rejected_for_the_file_even_where_its_size_is_refused_f
         with_image(data, family.process_item)
     with pytest.raises(MmError, match=r"^image 0: image decode: image file is truncated"):
         process(family, MmInput(input_ids=[1, family.spec.image_token_id, 2], images=[data[: len(data) // 2]]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    width=st.integers(1, 300),
+    height=st.integers(1, 400),
+    flat=st.one_of(st.none(), st.floats(0, 1)),
+    band_bytes=st.sampled_from([1, 4096, 1 << 16]),
+    read_bytes=st.sampled_from([1, 4096, 1 << 20]),
+)
+def test_any_band_and_chunk_size_hands_on_the_pixels_of_a_whole_decode(
+    width, height, flat, band_bytes, read_bytes, monkeypatch
+):
+    # Tiny bands wrap the ring many times; tiny reads call the hook often; huge ones spill.
+    monkeypatch.setattr(jpeg_rows, "_BAND_BYTES", band_bytes)
+    monkeypatch.setattr(jpeg_rows, "_READ_MIN", read_bytes)
+    monkeypatch.setattr(jpeg_rows, "_READ_MAX", max(read_bytes, jpeg_rows._READ_MAX))
+    data = jpeg(width, height, None if flat is None else int(flat * height))
+    sink = streamed(data)
+    np.testing.assert_array_equal(sink.rows[..., :3], decode_image(data).pixels[..., :3])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    width=st.integers(56, 400),
+    height=st.integers(56, 400),
+    max_pixels=st.sampled_from([3136, 12544, 50176]),
+    resample=st.sampled_from(["aten_u8", "pil"]),
+    band_bytes=st.sampled_from([1, 8192]),
+)
+def test_pixel_values_from_any_bands_equal_those_of_the_whole_image(
+    width, height, max_pixels, resample, band_bytes, monkeypatch
+):
+    # Bands far smaller than what one merge-block row reads exercise the overlap rows.
+    monkeypatch.setattr(jpeg_rows, "_BAND_BYTES", band_bytes)
+    spec = {**named_spec("qwen2_vl"), "min_pixels": 3136, "max_pixels": max_pixels, "resample": resample}
+    family = QwenVL(as_spec(spec))
+    try:
+        grid = family.grid_for(height, width)
+    except MmError:  # too thin for this pixel budget
+        assume(False)
+    assume(width * height * 2 > np.prod(family.feature_shape(grid)))  # else it would not stream
+    data = jpeg(width, height)
+    whole = family.process_item(decode_image(data))
+    np.testing.assert_array_equal(family.process_item(open_image(data)).feature, whole.feature)

@@ -29,14 +29,13 @@ written, and if it does not match the image is decoded whole and handed on as on
 import ctypes
 import mmap
 import traceback
-import warnings
 from collections.abc import Callable
 
 import numpy as np
 from PIL import Image
 
 from mmworker.common.pixels import RgbImage
-from mmworker.errors import image_decode_error
+from mmworker.errors import MmError, image_decode_error
 
 # sink(first_row, rows): rows (n, width, 4) uint8 are image rows first_row .. first_row + n - 1,
 # valid only during the call (their memory is reused afterwards).
@@ -150,7 +149,10 @@ class JpegRows:
         """Decode, calling `sink` with consecutive bands of rows that cover the image once, in order."""
         self.started = True
         w, h = self.width, self.height
-        reserve = mmap.mmap(-1, h * w * 4)  # virtual only; rows spill here (see the module docstring)
+        try:  # address space for Pillow's size check, and where rows spill (see the module docstring)
+            reserve = mmap.mmap(-1, h * w * 4)
+        except OSError as exc:
+            raise MmError(f"image decode: no address space for a {w}x{h} image: {exc}") from exc
         ring = None
         try:
             self._image.im = Image.frombuffer("RGBX", (w, h), reserve, "raw", "RGBX", 0, 1).im
@@ -179,9 +181,7 @@ class JpegRows:
             read = image.load_read  # the plugin's; ImageFile.load reads every chunk through it
             image.load_read = lambda size: read(before_read(size))
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                image.load()
+            image.load()  # (Pillow's decompression-bomb check ran at open: mmworker.common.decode)
         except _DECODE_ERRORS as exc:
             raise image_decode_error(exc) from exc
         finally:
