@@ -27,6 +27,8 @@ from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_p
 from mmworker.common.png import PNG_SIGNATURE, decode_png
 from mmworker.errors import MmError, image_decode_error
 
+T = TypeVar("T")
+
 # Largest decoded image, in pixels. Equal to Pillow's DecompressionBombError threshold and to the
 # Rust crate's 512 MiB allocation ceiling for an RGB8 buffer (512 MiB / 3); ~13400 x 13400. Far
 # above any model's max_pixels (Qwen: 12.8 MP), yet a hostile header cannot make us allocate
@@ -59,7 +61,6 @@ _REFUSED_BY_MAGIC = (
     (b"\x76\x2f\x31\x01", "OpenEXR"),
     (b"SIMPLE  =", "FITS"),
 )
-T = TypeVar("T")
 _PNM_MAGIC = re.compile(rb"P[1-7]\s")
 
 # PNG IHDR colour types, named as the Rust `image` crate names their 16-bit layouts.

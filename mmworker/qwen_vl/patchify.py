@@ -68,7 +68,6 @@ def patchify_into(
     rows to the output's height (mmworker.common.resize.vertical_coefficients), a multiple of
     patch * merge.
     """
-    _check_pixels(pixels)
     rows = PatchifyRows(vertical, norm, patch, merge, temporal, pixels.shape[:2], out)
     rows(0, pixels)
     rows.finish()
