@@ -177,12 +177,26 @@ class JpegRows:
     def _decode(self, before_read: Callable[[int], int] | None) -> None:
         """Pillow's load, with `before_read(size) -> size` run before it reads each chunk of the file."""
         image = self._image
+        ours: list[BaseException] = []  # raised by before_read (the consumer), not by Pillow
         if before_read is not None:
             read = image.load_read  # the plugin's; ImageFile.load reads every chunk through it
-            image.load_read = lambda size: read(before_read(size))
+
+            def hooked(size: int) -> bytes:
+                try:
+                    size = before_read(size)
+                except BaseException as exc:
+                    ours.append(exc)
+                    raise
+                return read(size)
+
+            image.load_read = hooked
         try:
             image.load()  # (Pillow's decompression-bomb check ran at open: mmworker.common.decode)
+        except MmError:
+            raise  # a consumer's, or a pool worker's CPU budget firing between bytecodes
         except _DECODE_ERRORS as exc:
+            if exc in ours:
+                raise
             raise image_decode_error(exc) from exc
         finally:
             image.close()  # drops the mapping (and with it Pillow's hold on the memory)
