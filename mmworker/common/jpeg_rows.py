@@ -217,6 +217,9 @@ class _Ring:
         self.ring = np.empty((self.slots, w, 4), np.uint8)
         self.marks = self.ring[:, -1, 3]  # each slot's last fourth byte
         self.marks[:] = 0
+        self.slot_addresses = np.uint64(self.ring.ctypes.data) + np.arange(self.slots, dtype=np.uint64) * np.uint64(
+            self.row_bytes
+        )
         self.bounce: np.ndarray | None = None  # spilled rows are handed on from here
         self.in_ring = np.zeros(h, np.bool_)
         self.decoded = 0  # rows known to be decoded
@@ -247,21 +250,28 @@ class _Ring:
     def _aim(self) -> None:
         # Row r may take slot r % slots once the row there before it (r - slots) has been handed on.
         start, stop = max(self.decoded, self.aimed), min(self.height, self.handed + self.slots)
-        if start < stop:
-            slots = np.arange(start, stop, dtype=np.uint64) % np.uint64(self.slots)
-            self.pointers[start:stop] = np.uint64(self.ring.ctypes.data) + slots * np.uint64(self.row_bytes)
+        if start < stop:  # at most `slots` rows (start >= handed), so their slots wrap once at most
+            first = start % self.slots
+            head = min(stop - start, self.slots - first)
+            self.pointers[start : start + head] = self.slot_addresses[first : first + head]
+            self.pointers[start + head : stop] = self.slot_addresses[: stop - start - head]
             self.in_ring[start:stop] = True
             self.aimed = stop
 
     def _scan(self) -> None:
-        row = self.decoded
-        if row < self.aimed:  # the ring's rows, in slot order with one wrap at most
-            first = row % self.slots
-            n = self.aimed - row
-            marks = np.concatenate((self.marks[first : first + n], self.marks[: max(0, first + n - self.slots)]))
-            pending = np.flatnonzero(marks != 255)
-            if pending.size:
-                self.decoded = row + int(pending[0])
+        row, marks, slots = self.decoded, self.marks, self.slots
+        if row < self.aimed:
+            # The ring's rows read 255 up to the first one not decoded yet, 0 from there on (the
+            # decoder writes rows in order, into slots freed with a 0): a binary search finds it.
+            low, high = row, self.aimed
+            if marks[(high - 1) % slots] != 255:
+                while low < high:
+                    middle = (low + high) // 2
+                    if marks[middle % slots] == 255:
+                        low = middle + 1
+                    else:
+                        high = middle
+                self.decoded = low
                 return
             row = self.aimed
         while row < self.height and self.spill[row, -1, 3] == 255:  # spilled rows, if any
