@@ -102,9 +102,8 @@ def horizontal_resize(image: RgbImage, out_w: int, resample_name: str, *, consum
         if resized.pixels.shape[2] != 4:  # Pillow kept it in several blocks (an untuned process)
             resized = RgbImage(pixels=rgbx_copy(resized.pixels))
         return resized
-    bounds, weights, _ = resample.axis_coefficients(image.width, out_w, _FIXED_POINT_KIND[resample_name])
     out = np.empty((image.height, out_w, 4), np.uint8)
-    resample.horizontal_pass(np.ascontiguousarray(image.pixels), 0, bounds, weights, out)
+    _horizontal_band(np.ascontiguousarray(image.pixels), out, _coefficients(image.width, out_w, resample_name))
     if consume:
         image.release()
     return RgbImage(pixels=out)
@@ -123,22 +122,38 @@ def _horizontal_in_place(image: RgbImage, out_w: int, resample_name: str) -> Rgb
     """
     buffer, h, w = image.buffer, image.height, image.width
     image.release()
-    row_in, row_out = w * 4, out_w * 4
-    if resample_name == "aten_u8":
-        rows = max(1, _BAND_BYTES // row_out)
-        for r0 in range(0, h, rows):
-            n = min(rows, h - r0)
-            band = Image.frombuffer("RGBX", (w, n), buffer[r0 * row_in : (r0 + n) * row_in], "raw", "RGBX", 0, 1)
-            resized = from_pil(band.resize((out_w, n), Image.Resampling.BICUBIC))  # one block: < 16 MB
-            del band
-            buffer[r0 * row_out : (r0 + n) * row_out] = resized.pixels.reshape(-1)
-    else:
-        bounds, weights, _ = resample.axis_coefficients(w, out_w, _FIXED_POINT_KIND[resample_name])
-        source, target = buffer[: h * row_in].reshape(h, w, 4), buffer[: h * row_out].reshape(h, out_w, 4)
-        resample.horizontal_pass(source, 0, bounds, weights, target)  # band by band: read, then write
-        del source, target
-    buffer.resize(h * row_out)  # refcheck: raises if any view of the old extent were still alive
+    source, target = buffer[: h * w * 4].reshape(h, w, 4), buffer[: h * out_w * 4].reshape(h, out_w, 4)
+    coefficients = _coefficients(w, out_w, resample_name)
+    # Our kernel reads band by band before it writes; pillow-simd's results (one block each: < 16 MB)
+    # are copied into place only after its call has read the band.
+    rows = max(1, _BAND_BYTES // (out_w * 4)) if coefficients is None else h
+    for r0 in range(0, h, rows):
+        _horizontal_band(source[r0 : r0 + rows], target[r0 : r0 + rows], coefficients)
+    del source, target
+    buffer.resize(h * out_w * 4)  # refcheck: raises if any view of the old extent were still alive
     return RgbImage(pixels=buffer.reshape(h, out_w, 4), buffer=buffer)
+
+
+def _coefficients(in_w: int, out_w: int, resample_name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Our kernel's horizontal coefficients (bounds, weights); None for aten_u8 (pillow-simd's own)."""
+    if resample_name == "aten_u8":
+        return None
+    bounds, weights, _ = resample.axis_coefficients(in_w, out_w, _FIXED_POINT_KIND[resample_name])
+    return bounds, weights
+
+
+def _horizontal_band(rows: np.ndarray, target: np.ndarray, coefficients: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """The horizontal pass of `rows` (n, w, C >= 3) into `target` (n, out_w, 4): our kernel with
+    `coefficients` (`_coefficients`), or pillow-simd when they are None (aten_u8: 4-byte rows,
+    mapped; its result is copied into place)."""
+    if coefficients is not None:
+        resample.horizontal_pass(rows, 0, *coefficients, target)
+        return
+    n, w = rows.shape[:2]
+    band = Image.frombuffer("RGBX", (w, n), rows, "raw", "RGBX", 0, 1)
+    resized = from_pil(band.resize((target.shape[1], n), Image.Resampling.BICUBIC)).pixels
+    del band
+    target[..., : resized.shape[2]] = resized  # 3 channels if Pillow kept it in several blocks (untuned)
 
 
 def horizontal_rows(image: JpegRows, out_w: int, resample_name: str, overlap: int, sink: RowSink) -> None:
@@ -157,11 +172,10 @@ class _HorizontalBands:
     """A row sink that resizes each band it gets horizontally and hands it on behind the overlap rows."""
 
     def __init__(self, in_w: int, out_w: int, resample_name: str, overlap: int, sink: RowSink) -> None:
-        self.in_w, self.out_w, self.resample_name, self.overlap, self.sink = in_w, out_w, resample_name, overlap, sink
+        self.in_w, self.out_w, self.overlap, self.sink = in_w, out_w, overlap, sink
         self.window = np.empty((0, out_w, 4), np.uint8)  # overlap rows, then the band
         self.kept = 0
-        if resample_name != "aten_u8" and in_w != out_w:
-            self.bounds, self.weights, _ = resample.axis_coefficients(in_w, out_w, _FIXED_POINT_KIND[resample_name])
+        self.coefficients = _coefficients(in_w, out_w, resample_name) if in_w != out_w else None
 
     def __call__(self, first: int, rows: np.ndarray) -> None:
         n, kept = rows.shape[0], self.kept
@@ -172,16 +186,8 @@ class _HorizontalBands:
         target = self.window[kept : kept + n]
         if self.in_w == self.out_w:
             target[...] = rows
-        elif self.resample_name == "aten_u8":
-            band = Image.frombuffer("RGBX", (self.in_w, n), rows, "raw", "RGBX", 0, 1)
-            resized = from_pil(band.resize((self.out_w, n), Image.Resampling.BICUBIC)).pixels
-            del band
-            if resized.shape[2] == 4:
-                target[...] = resized
-            else:  # Pillow kept it in several blocks (an untuned process)
-                target[..., :3] = resized
         else:
-            resample.horizontal_pass(rows, 0, self.bounds, self.weights, target)
+            _horizontal_band(rows, target, self.coefficients)
         self.sink(first - kept, self.window[: kept + n])
         self.kept = min(self.overlap, kept + n)
         self.window[: self.kept] = self.window[kept + n - self.kept : kept + n]
