@@ -27,10 +27,6 @@ def jpeg(width: int, height: int, flat_from: int | None = None) -> bytes:
     return encode(pixels, "JPEG")
 
 
-def band_rows(width: int, height: int) -> int:
-    return min(height, max(16, jpeg_rows._BAND_BYTES // (width * 4) // 16 * 16))
-
-
 class Collect:
     """A sink that checks the bands' order and keeps a copy of every row."""
 
@@ -74,7 +70,7 @@ def test_stream_hands_on_every_row_once_with_the_pixels_of_a_whole_decode(size):
 def test_a_large_image_goes_through_a_ring_of_two_bands_not_a_whole_buffer():
     width, height = 2048, 1500
     sink = streamed(jpeg(width, height))
-    band = band_rows(width, height)
+    band = jpeg_rows.band_rows(width, height)
     assert 2 * band < height
     assert max(n for _, n, _ in sink.bands) <= band
     assert len({address for _, _, address in sink.bands}) == 2  # the ring's two halves, again and again

@@ -51,6 +51,11 @@ _READ_MIN, _READ_MAX = 4096, 65536
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, MemoryError)
 
 
+def band_rows(width: int, height: int) -> int:
+    """Rows per band that `JpegRows.stream` hands on for an image of this size (the last may be fewer)."""
+    return min(height, max(16, _BAND_BYTES // (width * 4) // 16 * 16))
+
+
 class _ImagingHead(ctypes.Structure):
     """The leading fields of Pillow 12's ImagingMemoryInstance (Imaging.h), up to the line size."""
 
@@ -212,7 +217,7 @@ class _Ring:
         self.height, self.row_bytes, self.sink, self.reserve = h, w * 4, sink, reserve
         self.spill = np.frombuffer(reserve, np.uint8).reshape(h, w, 4)
         self.pointers = _row_pointers(jpeg._image.im, w, h, self.spill.ctypes.data)
-        self.band = min(h, max(16, _BAND_BYTES // self.row_bytes // 16 * 16))
+        self.band = band_rows(w, h)
         self.slots = min(h, 2 * self.band)  # a multiple of `band`, or every row: bands never wrap
         self.ring = np.empty((self.slots, w, 4), np.uint8)
         self.marks = self.ring[:, -1, 3]  # each slot's last fourth byte
