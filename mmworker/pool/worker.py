@@ -125,7 +125,8 @@ class Worker:
         # bytecodes, so a long C call finishes first; the pool's wall-clock deadline covers hangs.
         # The timer is off again before anything is sent, so it can never interrupt a send (which
         # could deliver a Done whose memory the failure path then frees).
-        budget = self.image_cpu_s * max(1, len(payload) - 1)
+        images = (len(job.inputs) if job.inputs else len(payload)) - 1  # after the input_ids
+        budget = self.image_cpu_s * max(1, images)
         signal.setitimer(signal.ITIMER_VIRTUAL, budget)
         try:
             answer = self._compute(job, payload, alloc, allocations, t0)
