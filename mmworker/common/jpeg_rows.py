@@ -130,7 +130,7 @@ class JpegRows:
         self._image = image
         self._file_bytes = file_bytes
         self.width, self.height = image.size
-        self.started = False  # load or stream was called (each closes the file when done)
+        self.started = False  # its decode began (load or stream; either closes the file when done)
 
     def __repr__(self) -> str:
         return f"JpegRows({self.width}x{self.height})"
@@ -143,7 +143,6 @@ class JpegRows:
         the buffer. The buffer is not zero-filled first (Pillow's own allocation is), and whoever
         consumes the result may overwrite and shrink it (mmworker.common.resize.horizontal_resize does).
         """
-        self.started = True
         w, h = self.width, self.height
         buffer = np.empty(h * w * 4, np.uint8)
         self._image.im = Image.frombuffer("RGBX", (w, h), buffer, "raw", "RGBX", 0, 1).im
@@ -152,20 +151,20 @@ class JpegRows:
 
     def stream(self, sink: RowSink) -> None:
         """Decode, calling `sink` with consecutive bands of rows that cover the image once, in order."""
-        self.started = True
         w, h = self.width, self.height
         try:  # address space for Pillow's size check, and where rows spill (see the module docstring)
             reserve = mmap.mmap(-1, h * w * 4)
         except OSError as exc:
             raise MmError(f"image decode: no address space for a {w}x{h} image: {exc}") from exc
-        ring = None
+        ring = spill = None
         try:
             self._image.im = Image.frombuffer("RGBX", (w, h), reserve, "raw", "RGBX", 0, 1).im
-            ring = _Ring(self, reserve, sink)
-            if ring.pointers is None:  # not the image struct this was written for
-                ring = None
+            spill = np.frombuffer(reserve, np.uint8).reshape(h, w, 4)
+            pointers = _row_pointers(self._image.im, w, h, spill.ctypes.data)
+            if pointers is None:  # not the image struct this was written for
                 sink(0, self.load().pixels)
                 return
+            ring = _Ring(self, reserve, spill, pointers, sink)
             self._decode(ring.before_read)
             ring.finish()
         except BaseException as exc:
@@ -177,10 +176,12 @@ class JpegRows:
             self._image.close()  # drops Pillow's mapping of the reserve (and its row pointers)
             if ring is not None:
                 ring.drop()
+            spill = pointers = None  # the last views of the reserve
             reserve.close()
 
     def _decode(self, before_read: Callable[[int], int] | None) -> None:
         """Pillow's load, with `before_read(size) -> size` run before it reads each chunk of the file."""
+        self.started = True
         image = self._image
         ours: list[BaseException] = []  # raised by before_read (the consumer), not by Pillow
         if before_read is not None:
@@ -212,11 +213,11 @@ class JpegRows:
 class _Ring:
     """One streaming decode's state: the ring, where each row points, what is decoded and handed on."""
 
-    def __init__(self, jpeg: JpegRows, reserve: mmap.mmap, sink: RowSink) -> None:
+    def __init__(self, jpeg: JpegRows, reserve: mmap.mmap, spill: np.ndarray, pointers: np.ndarray, sink: RowSink):
         w, h = jpeg.width, jpeg.height
         self.height, self.row_bytes, self.sink, self.reserve = h, w * 4, sink, reserve
-        self.spill = np.frombuffer(reserve, np.uint8).reshape(h, w, 4)
-        self.pointers = _row_pointers(jpeg._image.im, w, h, self.spill.ctypes.data)
+        self.spill = spill  # the reserve's rows, where rows point that the ring cannot take
+        self.pointers = pointers  # Pillow's row pointers (`_row_pointers`)
         self.band = band_rows(w, h)
         self.slots = min(h, 2 * self.band)  # a multiple of `band`, or every row: bands never wrap
         self.ring = np.empty((self.slots, w, 4), np.uint8)
@@ -232,8 +233,7 @@ class _Ring:
         self.aimed = 0  # rows [decoded, aimed) point into the ring, rows from max(decoded, aimed) do not
         # File bytes that decode to about half a band of this image's average rows.
         self.read_bytes = max(_READ_MIN, min(_READ_MAX, jpeg._file_bytes * self.band // (2 * h)))
-        if self.pointers is not None:
-            self._aim()
+        self._aim()
 
     def before_read(self, _size: int) -> int:
         self._scan()
