@@ -10,7 +10,8 @@ Steps (behaviour.md §2.2), single-threaded, no pools:
   4. prompt ids (after the images, so an image error wins over a missing prompt);
   5. family.layout -> apply_layout -> family.positions, then the hand-off checks the scheduler makes.
 Any error anywhere rejects the whole request with one MmError naming the cause (and the image, when
-one image caused it); with inline processing that is always the lowest-index failure.
+one image caused it); with inline processing that is always the lowest-index failure. A pool
+worker's BudgetExceeded (not an MmError: mmworker.errors) gets its image named the same way.
 """
 
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES, Byt
 from mmworker.common.decode import with_image
 from mmworker.common.fetch import fetch_bytes
 from mmworker.common.hashing import content_hash
-from mmworker.errors import MmError
+from mmworker.errors import BudgetExceeded, MmError
 from mmworker.pipeline import Allocator, Family, Geometry, MRope, Positions, apply_layout, numpy_allocator
 
 Source = str | bytes | bytearray | memoryview
@@ -102,6 +103,8 @@ def process(
             processed = with_image(data, lambda image: family.process_item(image, alloc))
         except MmError as exc:
             raise MmError(f"image {index}: {exc}") from exc
+        except BudgetExceeded as exc:  # a pool worker's CPU budget ran out on this image
+            raise BudgetExceeded(f"image {index}: {exc}") from exc
         items.append(ItemOutput(processed.feature, processed.aux, digest, processed.geometry))
 
     if request.input_ids is None or len(request.input_ids) == 0:

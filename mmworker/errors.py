@@ -21,3 +21,14 @@ def image_decode_error(exc: BaseException) -> MmError:
     """
     text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
     return MmError(f"image decode: {text}")
+
+
+class BudgetExceeded(BaseException):
+    """A pool worker's CPU budget for a request ran out (mmworker.pool.cpu_budget).
+
+    It is raised from a signal handler, so it can strike between any two bytecodes. It is not an
+    MmError (a ValueError) on purpose: an `except ValueError` or `except Exception` on the way,
+    Pillow's or ours, would relabel it as that code's own failure ("image decode: ...") or swallow
+    it. Like KeyboardInterrupt it passes them by; the driver names the image it struck, and the
+    worker turns it into the request's rejection.
+    """

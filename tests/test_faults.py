@@ -129,6 +129,26 @@ def test_cpu_budget_rejects_without_restarting(jpeg):
         reply = pool.process([P], [big])
         assert not reply.ok and reply.error == "image 0: exceeded the CPU budget (image_cpu_s per image)"
         assert pool.worker_pids() == [pid] and pool.stats().restarts == 0
+        assert pool.process([P], [jpeg]).ok  # and the next request is not struck
+
+
+def test_the_budget_signal_is_blocked_in_every_thread_of_an_idle_worker(jpeg):
+    # Between jobs it must wait (mmworker.pool.cpu_budget): in the worker's own thread by its mask,
+    # in libzmq's threads because libzmq blocks every signal in them.
+    def masks(pid: int) -> dict[str, int]:
+        found = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                found[tid] = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
+        assert len(found) >= 2, found  # the worker's thread and libzmq's
+        return found
+
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
+        [pid] = pool.worker_pids()
+        for when in ("before its first job", "after a job"):
+            blocked = {tid: mask >> (signal.SIGVTALRM - 1) & 1 for tid, mask in masks(pid).items()}
+            assert all(blocked.values()), (when, blocked)
+            assert pool.process([P], [jpeg]).ok
 
 
 def test_nothing_received_is_ever_unpickled(jpeg, monkeypatch):

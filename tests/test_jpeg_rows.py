@@ -113,8 +113,8 @@ def test_a_truncated_file_fails_as_a_whole_decode_does_and_leaves_no_mapping():
 
 @pytest.mark.parametrize("error", [RuntimeError, ValueError, MmError])
 def test_a_failing_sink_stops_the_decode_unchanged_and_leaves_no_mapping(error):
-    # Its error is the consumer's, never dressed up as the file's (a ValueError or an MmError such
-    # as a pool worker's CPU budget passes through Pillow's load as it was raised).
+    # Its error is the consumer's, never dressed up as the file's (a ValueError or an MmError
+    # passes through Pillow's load as it was raised).
     image = open_image(jpeg(2048, 1500))
     calls = []
 

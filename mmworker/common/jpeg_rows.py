@@ -199,7 +199,7 @@ class JpegRows:
         try:
             image.load()  # (Pillow's decompression-bomb check ran at open: mmworker.common.decode)
         except MmError:
-            raise  # a consumer's, or a pool worker's CPU budget firing between bytecodes
+            raise  # a consumer's
         except _DECODE_ERRORS as exc:
             if exc in ours:
                 raise

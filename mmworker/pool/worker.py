@@ -28,7 +28,6 @@ adds its own I/O and reaper threads to the process; they only move bytes.
 import json
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
@@ -43,9 +42,10 @@ from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
-from mmworker.errors import MmError
+from mmworker.errors import BudgetExceeded, MmError
 from mmworker.pipeline import MRope
 from mmworker.pool.child import run_child
+from mmworker.pool.cpu_budget import CpuBudget
 from mmworker.pool.protocol import KIND_BYTES, REQUEST_RING
 from mmworker.registry import pipeline_from_spec
 
@@ -59,6 +59,7 @@ class Worker:
         self.started = time.monotonic()
         self.id = int(args["worker"])
         self.image_cpu_s = float(args.get("image_cpu_s", 30.0))
+        self.budget = CpuBudget()
         self.family = pipeline_from_spec(args["spec"])
         self._warm_up()
         self.segment = Segment.attach(args["ring"], writable=True)
@@ -116,27 +117,26 @@ class Worker:
         def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             dt = np.dtype(dtype)
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            allocation = self.ring.allocate(nbytes, deadline, self._wait_for_space)
-            array = self.ring.array(allocation, dt, shape)
-            allocations.append((array, allocation))
+            with self.budget.held():  # an allocation made is recorded, so a failure frees it
+                allocation = self.ring.allocate(nbytes, deadline, self._wait_for_space)
+                array = self.ring.array(allocation, dt, shape)
+                allocations.append((array, allocation))
             return array
 
-        # CPU budget: SIGVTALRM after image_cpu_s of CPU per image. The handler raises between
-        # bytecodes, so a long C call finishes first; the pool's wall-clock deadline covers hangs.
-        # The timer is off again before anything is sent, so it can never interrupt a send (which
-        # could deliver a Done whose memory the failure path then frees).
+        # CPU budget: image_cpu_s of CPU per image, then BudgetExceeded strikes between two
+        # bytecodes of the computation (a long C call finishes first; the pool's wall-clock
+        # deadline covers hangs). Never outside it (mmworker.pool.cpu_budget), so never in a send,
+        # which could deliver a Done whose memory the failure path then frees.
         images = (len(job.inputs) if job.inputs else len(payload)) - 1  # after the input_ids
-        budget = self.image_cpu_s * max(1, images)
-        signal.setitimer(signal.ITIMER_VIRTUAL, budget)
         try:
-            answer = self._compute(job, payload, alloc, allocations, t0)
-        except (MmError, IpcError) as exc:
+            answer = self.budget.run(
+                self.image_cpu_s * max(1, images), lambda: self._compute(job, payload, alloc, allocations, t0)
+            )
+        except (BudgetExceeded, MmError, IpcError) as exc:
             answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3)
         except Exception as exc:  # a bug must still answer the request, and be visible in the log
             traceback.print_exc(file=sys.stderr)
             answer = Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         if isinstance(answer, Failed):
             self._free(allocations)
         try:
@@ -200,14 +200,10 @@ class Worker:
         del self.ring, self.requests
         self.segment.close()
         self.requests_segment.close()
-
-
-def _cpu_budget_exceeded(signum: int, frame: object) -> None:
-    raise MmError("exceeded the CPU budget (image_cpu_s per image)")
+        self.budget.close()
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGVTALRM, _cpu_budget_exceeded)
     return run_child(argv, f"worker {json.loads(argv[1])['worker']}", Worker)
 
 

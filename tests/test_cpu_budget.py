@@ -1,0 +1,112 @@
+"""The worker's CPU budget (mmworker.pool.cpu_budget), in this process: where its signal may strike and where not."""
+
+import re
+import signal
+import time
+
+import pytest
+from PIL import JpegImagePlugin
+
+from mmworker.corpus import encode, photo_like
+from mmworker.driver import MmInput, process
+from mmworker.errors import BudgetExceeded
+from mmworker.pool.cpu_budget import MESSAGE, CpuBudget
+from mmworker.registry import named_spec, pipeline_from_spec
+
+
+@pytest.fixture
+def budget():
+    budget = CpuBudget()
+    try:
+        yield budget
+    finally:
+        budget.close()
+
+
+def burn(seconds: float) -> int:
+    """Python-level busy work for `seconds` of wall time, inside an except clause that takes a ValueError
+    for its own failure (as Pillow's and our decoders do): an MmError striking there would be lost."""
+    spins, until = 0, time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            while time.monotonic() < until:
+                spins += 1
+        except ValueError:
+            pass
+    return spins
+
+
+def blocked() -> bool:
+    return signal.SIGVTALRM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_the_budget_interrupts_python_work_through_except_clauses(budget):
+    started = time.process_time()
+    with pytest.raises(BudgetExceeded, match=f"^{re.escape(MESSAGE)}$"):
+        budget.run(0.05, lambda: burn(10.0))
+    assert 0.05 <= time.process_time() - started < 5.0
+    assert blocked() and signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0)
+
+
+def test_within_the_budget_the_result_comes_back_and_the_timer_is_off(budget):
+    assert budget.run(30.0, lambda: burn(0.01)) > 0
+    assert blocked() and signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0)
+
+
+def test_an_expiry_inside_held_strikes_when_the_block_ends(budget):
+    steps = []
+
+    def compute():
+        with budget.held():
+            signal.raise_signal(signal.SIGVTALRM)  # as if the timer expired right here
+            steps.append("bookkeeping finished")
+        steps.append("after the block")
+
+    with pytest.raises(BudgetExceeded):
+        budget.run(30.0, compute)
+    assert steps == ["bookkeeping finished"]
+
+
+def test_an_expiry_while_raising_inside_held_replaces_nothing_it_should_not(budget):
+    # An error inside the block still leaves it whole, and the budget then wins.
+    def compute():
+        with budget.held():
+            signal.raise_signal(signal.SIGVTALRM)
+            raise RuntimeError("ring full")
+
+    with pytest.raises(BudgetExceeded) as info:
+        budget.run(30.0, compute)
+    assert isinstance(info.value.__context__, RuntimeError)
+    assert blocked()
+
+
+def test_a_signal_between_jobs_neither_strikes_nor_reaches_the_next_job(budget):
+    signal.raise_signal(signal.SIGVTALRM)  # blocked here: waits, and must not count
+    assert signal.SIGVTALRM in signal.sigpending()
+    assert budget.run(30.0, lambda: burn(0.01)) > 0
+    assert signal.SIGVTALRM not in signal.sigpending()
+
+
+def test_close_gives_the_signal_back():
+    before_handler = signal.getsignal(signal.SIGVTALRM)
+    before_blocked = blocked()
+    budget = CpuBudget()
+    assert blocked() and signal.getsignal(signal.SIGVTALRM) is not before_handler
+    budget.close()
+    assert blocked() == before_blocked and signal.getsignal(signal.SIGVTALRM) is before_handler
+
+
+def test_a_budget_striking_in_pillows_open_names_the_image_not_a_decode_error(budget, monkeypatch):
+    # Pillow's open and our decode step catch ValueError (an MmError is one) as the file's failure:
+    # the budget's exception must come through them as itself, with the image named by the driver.
+    original = JpegImagePlugin.JpegImageFile._open
+
+    def striking(self):
+        signal.raise_signal(signal.SIGVTALRM)  # as if the timer expired while Pillow parses markers
+        original(self)
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "_open", striking)
+    family = pipeline_from_spec({**named_spec("qwen2_vl"), "max_pixels": 1003520})
+    data = encode(photo_like(64, 48, seed=1), "JPEG")
+    with pytest.raises(BudgetExceeded, match=f"^image 0: {re.escape(MESSAGE)}$"):
+        budget.run(30.0, lambda: process(family, MmInput([151655], [data])))
