@@ -4,7 +4,10 @@
 |---------------|----------------------------------------------------------|-----------------------------|
 | `pil_lanczos` | Pillow 12.x `Image.resize(..., LANCZOS)`                 | our numba kernels           |
 | `pil_bicubic` | Pillow 12.x `Image.resize(..., BICUBIC)`                 | our numba kernels           |
-| `aten_u8`     | torchvision `resize(uint8, BICUBIC, antialias=True)`     | pillow-simd BICUBIC         |
+| `aten_u8`     | torchvision `resize(uint8, BICUBIC, antialias=True)`     | pillow-simd BICUBIC (*)     |
+
+(*) With AVX-512, its horizontal pass is our kernel (mmworker.common.aten_horizontal): the same
+bytes, without pillow-simd's set-up per call.
 
 pillow-simd's BICUBIC quantises weights like ATen does (precision chosen from the largest weight),
 which is why it equals torchvision and not Pillow; Pillow 13 changed pass order, which is why the
@@ -22,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from mmworker.common import resample
+from mmworker.common.aten_horizontal import AtenHorizontal, aten_horizontal
 from mmworker.common.decode import MAX_IMAGE_PIXELS
 from mmworker.common.jpeg_rows import JpegRows, RowSink
 from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, rgbx_copy
@@ -32,6 +36,9 @@ RESAMPLERS = ("pil_lanczos", "pil_bicubic", "aten_u8")
 # coefficients again (~75 us at 4032 -> 1148), and the band's result is held beside the image
 # until it is copied into place: 12 bands of 256 rows cost 0.9 ms more than one call at 12 MP.
 _BAND_BYTES = 4 << 20
+# The same for the aten_u8 kernel (mmworker.common.aten_horizontal), which sets nothing up per
+# call: a band's result stays in L2 until it is copied into place.
+_KERNEL_BAND_BYTES = 256 << 10
 _FIXED_POINT_KIND = {"pil_lanczos": resample.LANCZOS, "pil_bicubic": resample.BICUBIC}
 
 
@@ -97,13 +104,17 @@ def horizontal_resize(image: RgbImage, out_w: int, resample_name: str, *, consum
         return image if image.pixels.shape[2] == 4 else RgbImage(pixels=rgbx_copy(image.pixels))
     if consume and out_w < image.width and image.buffer is not None and image.pixels.shape[2] == 4:
         return _horizontal_in_place(image, out_w, resample_name)
-    if resample_name == "aten_u8":
-        resized = _resize_aten_u8(image, out_w, image.height, consume)  # the horizontal pass only
+    if resample_name == "aten_u8" and image.pixels.shape[2] != 4:
+        coefficients = None  # the aten_u8 kernel reads 4-byte pixels
+    else:
+        coefficients = _coefficients(image.width, out_w, resample_name)
+    if coefficients is None:
+        resized = _resize_aten_u8(image, out_w, image.height, consume)  # pillow-simd's horizontal pass only
         if resized.pixels.shape[2] != 4:  # Pillow kept it in several blocks (an untuned process)
             resized = RgbImage(pixels=rgbx_copy(resized.pixels))
         return resized
     out = np.empty((image.height, out_w, 4), np.uint8)
-    _horizontal_band(np.ascontiguousarray(image.pixels), out, _coefficients(image.width, out_w, resample_name))
+    _horizontal_band(np.ascontiguousarray(image.pixels), out, coefficients)
     if consume:
         image.release()
     return RgbImage(pixels=out)
@@ -116,17 +127,22 @@ def _horizontal_in_place(image: RgbImage, out_w: int, resample_name: str) -> Rgb
     where the pass has read everything already; cutting the buffer (realloc) frees its tail for
     what the consumer allocates next. The memory of the decoded and the resized image is one
     (peak RSS per image at 1920x1080: 1.61x -> 1.27x the pixel_values size; at 12 MP, where
-    pixel_values fits the freed tail, 2.72x -> 2.48x). pillow-simd writes a new image per call, so
-    its pass runs on bands of rows (mapped with frombuffer) whose results are copied into place;
-    our own kernel writes in place directly.
+    pixel_values fits the freed tail, 2.72x -> 2.48x). pillow-simd and the aten_u8 kernel write
+    elsewhere first, so their pass runs on bands of rows whose results are copied into place; the
+    kernel of the pil modes writes in place directly.
     """
     buffer, h, w = image.buffer, image.height, image.width
     image.release()
     source, target = buffer[: h * w * 4].reshape(h, w, 4), buffer[: h * out_w * 4].reshape(h, out_w, 4)
     coefficients = _coefficients(w, out_w, resample_name)
-    # Our kernel reads band by band before it writes; pillow-simd's results (one block each: < 16 MB)
-    # are copied into place only after its call has read the band.
-    rows = max(1, _BAND_BYTES // (out_w * 4)) if coefficients is None else h
+    # The pil kernel reads band by band before it writes; the others' results (one block each: < 16
+    # MB) are copied into place only after the band has been read.
+    if coefficients is None:
+        rows = max(1, _BAND_BYTES // (out_w * 4))
+    elif isinstance(coefficients, AtenHorizontal):
+        rows = max(1, _KERNEL_BAND_BYTES // (out_w * 4))
+    else:
+        rows = h
     for r0 in range(0, h, rows):
         _horizontal_band(source[r0 : r0 + rows], target[r0 : r0 + rows], coefficients)
     del source, target
@@ -134,18 +150,31 @@ def _horizontal_in_place(image: RgbImage, out_w: int, resample_name: str) -> Rgb
     return RgbImage(pixels=buffer.reshape(h, out_w, 4), buffer=buffer)
 
 
-def _coefficients(in_w: int, out_w: int, resample_name: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Our kernel's horizontal coefficients (bounds, weights); None for aten_u8 (pillow-simd's own)."""
+_Coefficients = tuple[np.ndarray, np.ndarray] | AtenHorizontal | None
+
+
+def _coefficients(in_w: int, out_w: int, resample_name: str) -> _Coefficients:
+    """How to run the horizontal pass: the pil kernel's (bounds, weights), the aten_u8 kernel, or
+    None for pillow-simd (aten_u8 where that kernel is not used: mmworker.common.aten_horizontal)."""
     if resample_name == "aten_u8":
-        return None
+        return aten_horizontal(in_w, out_w)
     bounds, weights, _ = resample.axis_coefficients(in_w, out_w, _FIXED_POINT_KIND[resample_name])
     return bounds, weights
 
 
-def _horizontal_band(rows: np.ndarray, target: np.ndarray, coefficients: tuple[np.ndarray, np.ndarray] | None) -> None:
-    """The horizontal pass of `rows` (n, w, C >= 3) into `target` (n, out_w, 4): our kernel with
-    `coefficients` (`_coefficients`), or pillow-simd when they are None (aten_u8: 4-byte rows,
+def _horizontal_band(rows: np.ndarray, target: np.ndarray, coefficients: _Coefficients) -> None:
+    """The horizontal pass of `rows` (n, w, C >= 3) into `target` (n, out_w, 4), as `coefficients`
+    (`_coefficients`) says: the pil kernel; the aten_u8 kernel (4-byte rows; a target in the same
+    memory gets the result after the band is read); or pillow-simd when they are None (4-byte rows,
     mapped; its result is copied into place)."""
+    if isinstance(coefficients, AtenHorizontal):
+        if np.may_share_memory(rows, target):
+            resized = np.empty_like(target)
+            coefficients(rows, resized)
+            target[...] = resized
+        else:
+            coefficients(rows, target)
+        return
     if coefficients is not None:
         resample.horizontal_pass(rows, 0, *coefficients, target)
         return

@@ -77,10 +77,11 @@ class Worker:
 
     def _warm_up(self) -> None:
         # Loads every kernel a request touches (from numba's on-disk cache after the first run),
-        # so the first real request does not pay for it.
-        image = encode(photo_like(64, 48, seed=0), "PNG")
+        # so the first real request does not pay for it: a PNG, and a JPEG whose width narrows
+        # under every bundled spec (1124 is 4 past a multiple of 28 and of 32: mmworker.common.aten_horizontal).
+        images = [encode(photo_like(64, 48, seed=0), "PNG"), encode(photo_like(1124, 224, seed=0), "JPEG")]
         token = getattr(getattr(self.family, "spec", None), "image_token_id", 0)
-        process(self.family, MmInput([token], [image]))
+        process(self.family, MmInput([token, token], images))
 
     def serve(self) -> None:
         while not self.stopping:
