@@ -11,6 +11,7 @@ from mmworker.common import resample
 from mmworker.common import resize as resize_module
 from mmworker.common.aten_horizontal import FAST_HERE, aten_horizontal
 from mmworker.corpus import encode, photo_like
+from mmworker.errors import MmError
 from mmworker.qwen_vl import preprocess
 from mmworker.registry import named_spec
 
@@ -70,9 +71,9 @@ def test_bad_arguments_are_refused():
     kernel = aten_horizontal(64, 40) if FAST_HERE else None
     if kernel is None:
         pytest.skip("the kernel is used only with AVX-512 BW")
-    with pytest.raises(ValueError, match="64 -> 40"):
+    with pytest.raises(MmError, match="64 -> 40"):
         kernel(np.zeros((2, 63, 4), np.uint8), np.zeros((2, 40, 4), np.uint8))
-    with pytest.raises(ValueError, match="C-contiguous uint8"):
+    with pytest.raises(MmError, match="C-contiguous uint8"):
         kernel(np.zeros((2, 64, 4), np.uint8), np.zeros((2, 40, 4), np.uint8, order="F"))
 
 

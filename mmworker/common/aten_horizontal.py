@@ -16,10 +16,10 @@ compare every byte with pillow-simd) and applies them to bands of 4-byte rows:
 
 All sums are int32 sums of int16 x uint8 products (|weight| < 2^15, at most 32 taps): exact in any
 order, so the bytes equal pillow-simd's. Measured on the dev VM per row, 128-row bands, against
-pillow-simd's resize of the same band: 4032 -> 1148 1.26 vs 2.47 us, 1920 -> 1316 0.80 vs 1.28,
-1280 -> 1288 0.78 vs 0.99, 640 -> 644 0.39 vs 0.43. The kernel is generic LLVM IR and compiles
-for any CPU, but it is only used where it was measured faster: with AVX-512 BW
-(`aten_horizontal` returns None elsewhere, and pillow-simd runs as before).
+pillow-simd's resize of the same band: 4032 -> 1148 1.23 vs 2.0 us, 1920 -> 1316 0.79 vs 1.26. The
+kernel is generic LLVM IR and compiles for any CPU, but it is only used where it was measured
+faster: narrowing passes, with AVX-512 BW (`aten_horizontal` returns None elsewhere, and
+pillow-simd runs as before).
 """
 
 import numpy as np
@@ -29,6 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from mmworker.common import resample
+from mmworker.errors import MmError
 
 _TAPS_PER_GROUP = 8
 _MAX_GROUPS = 4
@@ -62,9 +63,9 @@ class AtenHorizontal:
         """out[r, x, :] from rows[r]: rows (n, in_w, 4) and out (n, out_w, 4) uint8, C-contiguous, apart."""
         n = rows.shape[0]
         if rows.shape != (n, self.in_w, 4) or out.shape != (n, self.out_w, 4):
-            raise ValueError(f"horizontal pass {self.in_w} -> {self.out_w}: rows {rows.shape}, out {out.shape}")
+            raise MmError(f"horizontal pass {self.in_w} -> {self.out_w}: rows {rows.shape}, out {out.shape}")
         if not (rows.flags.c_contiguous and out.flags.c_contiguous and rows.dtype == out.dtype == np.uint8):
-            raise ValueError("horizontal pass: rows and out must be C-contiguous uint8")
+            raise MmError("horizontal pass: rows and out must be C-contiguous uint8")
         _horizontal(rows.reshape(n, -1), self.starts, self.table, self.groups, self.precision, out.reshape(n, -1))
 
 
@@ -185,22 +186,27 @@ def _band_intrinsic(groups: int):
 _band1, _band2, _band3, _band4 = (_band_intrinsic(groups) for groups in range(1, _MAX_GROUPS + 1))
 
 
+@njit(cache=True, inline="always")
+def _band(groups, src, starts, table, out, rows, in_row, out_row, quads, precision):
+    """The band kernel for `groups` groups of taps (chosen here, outside its loops)."""
+    if groups == 1:
+        _band1(src, starts, table, out, rows, in_row, out_row, quads, precision)
+    elif groups == 2:
+        _band2(src, starts, table, out, rows, in_row, out_row, quads, precision)
+    elif groups == 3:
+        _band3(src, starts, table, out, rows, in_row, out_row, quads, precision)
+    else:
+        _band4(src, starts, table, out, rows, in_row, out_row, quads, precision)
+
+
 @njit(cache=True)
 def _horizontal(src, starts, table, groups, precision, out):
     """src (n, in_w * 4) and out (n, out_w * 4) uint8; 4 output pixels per step, the last ones via a stage."""
     n, out_w = int64(src.shape[0]), out.shape[1] // 4
     in_row, out_row = int64(src.shape[1]), int64(out.shape[1])
     flat_src, flat_out = src.reshape(-1), out.reshape(-1)
-    quads, precision = int64(out_w // 4), int64(precision)
-    if groups == 1:
-        _band1(flat_src, starts, table, flat_out, n, in_row, out_row, quads, precision)
-    elif groups == 2:
-        _band2(flat_src, starts, table, flat_out, n, in_row, out_row, quads, precision)
-    elif groups == 3:
-        _band3(flat_src, starts, table, flat_out, n, in_row, out_row, quads, precision)
-    else:
-        _band4(flat_src, starts, table, flat_out, n, in_row, out_row, quads, precision)
-    whole = out_w // 4 * 4
+    whole, precision = out_w // 4 * 4, int64(precision)
+    _band(groups, flat_src, starts, table, flat_out, n, in_row, out_row, int64(whole // 4), precision)
     if whole == out_w:
         return
     # The last 1-3 pixels of each row: one more quad (its table is padded to whole quads) into a
@@ -209,13 +215,6 @@ def _horizontal(src, starts, table, groups, precision, out):
     tail_starts, tail_table = starts[whole:], table[whole * groups * 32 :]
     for r in range(n):
         row = flat_src[r * in_row : (r + 1) * in_row]
-        if groups == 1:
-            _band1(row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
-        elif groups == 2:
-            _band2(row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
-        elif groups == 3:
-            _band3(row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
-        else:
-            _band4(row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
+        _band(groups, row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
         for k in range((out_w - whole) * 4):
             flat_out[r * out_row + whole * 4 + k] = stage[k]
