@@ -43,11 +43,20 @@ class Collect:
 
 
 def mappings_of(nbytes: int) -> int:
-    """How many of this process's mappings are `nbytes` long (page-rounded): a stream's reserve is one."""
+    """How many of this process's shared anonymous mappings are `nbytes` long (page-rounded): a
+    stream's reserve is one. Only those: the heap or a file mapping can reach any size (the heap
+    once grew to exactly a 2048x1500 reserve's 12288000 bytes, and was counted)."""
     size = -(-nbytes // 4096) * 4096
+    count = 0
     with open("/proc/self/maps") as f:
-        spans = [line.split()[0].split("-") for line in f]
-    return sum(1 for start, end in spans if int(end, 16) - int(start, 16) == size)
+        for line in f:
+            fields = line.split(maxsplit=5)
+            start, end = fields[0].split("-")
+            shared_anonymous = (
+                fields[1].endswith("s") and len(fields) == 6 and fields[5].strip() == "/dev/zero (deleted)"
+            )
+            count += shared_anonymous and int(end, 16) - int(start, 16) == size
+    return count
 
 
 def streamed(data: bytes) -> Collect:
