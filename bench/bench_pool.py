@@ -14,7 +14,9 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
    handed over -> the worker began; Reply.returned_ms: the worker finished -> the reply is ready);
    client CPU per accepted request: this thread's CPU inside submit, poll (its waits and wake-ups
    included) and release, plus libzmq's I/O thread; the whole process's CPU, which adds the loop's
-   own bookkeeping (random think times, samples), is printed beside it;
+   own bookkeeping (random think times, samples), is printed beside it; then (no verdict) the same
+   loop sleeping as an event loop does, in select on pool.fileno(), and calling poll(0): its waits
+   are then its own, and the client CPU is what the pool's calls cost;
 3. (no verdict) open loop at the same 70%, Poisson arrivals, ordered and unordered, and evenly paced
    arrivals, ordered: here requests also wait for a free worker (with Poisson arrivals about half
    of them find both busy); latency percentiles, ordered vs unordered; overhead with and without
@@ -37,6 +39,7 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
 import argparse
 import os
 import random
+import select
 import statistics
 import sys
 import time
@@ -108,13 +111,15 @@ def scaling(pools: dict, data, seconds: float, rounds: int) -> dict:
     return rates
 
 
-def thinking_callers(pool, data, seconds, callers, think_s, seed=1):
+def thinking_callers(pool, data, seconds, callers, think_s, seed=1, on_fd=False):
     """`callers` callers, each with one request in flight: submit, wait for its reply, pause for an
-    exponential time of mean `think_s`, again (the loop waits in pool.poll). Returns (samples,
-    client CPU ms per reply, process CPU ms per reply, elapsed s): the client CPU is what this
-    thread spent inside submit, poll and release, plus libzmq's I/O thread; the process CPU adds
-    this benchmark's own bookkeeping around the calls."""
+    exponential time of mean `think_s`, again (the loop waits in pool.poll; with `on_fd`, as an
+    event loop would, in select on pool.fileno() and then calls poll(0): the wait is then the
+    loop's own). Returns (samples, client CPU ms per reply, process CPU ms per reply, elapsed s):
+    the client CPU is what this thread spent inside submit, poll and release, plus libzmq's I/O
+    thread; the process CPU adds this benchmark's own bookkeeping around the calls."""
     rng = random.Random(seed)
+    fd = pool.fileno()
     t0 = time.monotonic()
     next_at = [t0 + rng.expovariate(1 / think_s) for _ in range(callers)]  # None while in flight
     caller_of, samples = {}, []
@@ -129,8 +134,12 @@ def thinking_callers(pool, data, seconds, callers, think_s, seed=1):
                 caller_of[rid] = (c, submitted)
                 next_at[c] = None
         soonest = min((at for at in next_at if at is not None), default=now + 0.05)
+        wait = max(0.0, min(soonest - time.monotonic(), 0.05))
+        if on_fd:
+            select.select([fd], [], [], wait)
+            wait = 0.0
         c0 = time.thread_time()
-        got = pool.poll(max(0.0, min(soonest - time.monotonic(), 0.05)))
+        got = pool.poll(wait)
         inside += time.thread_time() - c0
         now = time.monotonic()
         for reply in got:
@@ -258,6 +267,7 @@ def main() -> int:
     with WorkerPool(spec, {**base, "workers": 2}) as pool:
         closed_loop(pool, data, 1.0, 4)
         samples, cpu_ms, process_cpu_ms, elapsed = thinking_callers(pool, data, args.seconds, 2, think_s)
+        fd_samples, fd_cpu_ms, _, _ = thinking_callers(pool, data, args.seconds, 2, think_s, on_fd=True)
     busy_share = sum(s.busy for s in samples) / 1e3 / (2 * elapsed)
     over = [s.overhead for s in samples]
     lat50, lat99 = (percentile((s.latency for s in samples), q) for q in (0.5, 0.99))
@@ -270,6 +280,10 @@ def main() -> int:
           f"time) p50 {over50:.2f} / p99 {over99:.2f} ms; client CPU {cpu_ms:.3f} ms per request (in submit, "
           f"poll, release and libzmq's I/O thread; the whole process, this loop's bookkeeping included: "
           f"{process_cpu_ms:.3f} ms)")  # fmt: skip
+    fd_over = [s.overhead for s in fd_samples]
+    print(f"  the same, the loop sleeping in select on pool.fileno() and calling poll(0), no verdict: "
+          f"{len(fd_samples)} replies, overhead p50 {percentile(fd_over, 0.5):.2f} / p99 "
+          f"{percentile(fd_over, 0.99):.2f} ms, client CPU {fd_cpu_ms:.3f} ms per request")  # fmt: skip
     verdicts = [
         (f"2 workers >= 1.8x 1 worker: {scale:.2f}x", scale >= 1.8),
         (f"overhead p50 <= 0.5 ms (closed loop, 70% load): {over50:.2f} ms", over50 <= 0.5),
