@@ -135,17 +135,26 @@ def _horizontal_in_place(image: RgbImage, out_w: int, resample_name: str) -> Rgb
     image.release()
     source, target = buffer[: h * w * 4].reshape(h, w, 4), buffer[: h * out_w * 4].reshape(h, out_w, 4)
     coefficients = _coefficients(w, out_w, resample_name)
-    # The pil kernel reads band by band before it writes; the others' results (one block each: < 16
-    # MB) are copied into place only after the band has been read.
+    # The pil kernel reads band by band before it writes; the others' results are copied into place
+    # only after the band has been read: pillow-simd's (one block each: < 16 MB) by
+    # _horizontal_band, the aten_u8 kernel's from one scratch band here.
+    scratch = None
     if coefficients is None:
         rows = max(1, _BAND_BYTES // (out_w * 4))
     elif isinstance(coefficients, AtenHorizontal):
-        rows = max(1, _KERNEL_BAND_BYTES // (out_w * 4))
+        rows = min(h, max(1, _KERNEL_BAND_BYTES // (out_w * 4)))
+        scratch = np.empty((rows, out_w, 4), np.uint8)
     else:
         rows = h
     for r0 in range(0, h, rows):
-        _horizontal_band(source[r0 : r0 + rows], target[r0 : r0 + rows], coefficients)
-    del source, target
+        band = source[r0 : r0 + rows]
+        if scratch is None:
+            _horizontal_band(band, target[r0 : r0 + rows], coefficients)
+        else:
+            resized = scratch[: band.shape[0]]
+            _horizontal_band(band, resized, coefficients)
+            target[r0 : r0 + band.shape[0]] = resized
+    del source, target, band
     buffer.resize(h * out_w * 4)  # refcheck: raises if any view of the old extent were still alive
     return RgbImage(pixels=buffer.reshape(h, out_w, 4), buffer=buffer)
 
@@ -164,16 +173,10 @@ def _coefficients(in_w: int, out_w: int, resample_name: str) -> _Coefficients:
 
 def _horizontal_band(rows: np.ndarray, target: np.ndarray, coefficients: _Coefficients) -> None:
     """The horizontal pass of `rows` (n, w, C >= 3) into `target` (n, out_w, 4), as `coefficients`
-    (`_coefficients`) says: the pil kernel; the aten_u8 kernel (4-byte rows; a target in the same
-    memory gets the result after the band is read); or pillow-simd when they are None (4-byte rows,
-    mapped; its result is copied into place)."""
+    (`_coefficients`) says: the pil kernel; the aten_u8 kernel (4-byte rows, a target apart from
+    them); or pillow-simd when they are None (4-byte rows, mapped; its result is copied into place)."""
     if isinstance(coefficients, AtenHorizontal):
-        if np.may_share_memory(rows, target):
-            resized = np.empty_like(target)
-            coefficients(rows, resized)
-            target[...] = resized
-        else:
-            coefficients(rows, target)
+        coefficients(rows, target)
         return
     if coefficients is not None:
         resample.horizontal_pass(rows, 0, *coefficients, target)
