@@ -23,10 +23,10 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
    that wait; "delivered" is submit -> returned by poll (ordered delivery adds the wait for
    earlier requests);
 4. (no verdict) the floor: bare sockets in the same shape at the same load, with jobs that stream
-   memory for the pool's median in-worker time (bench/zmq_floor.py), once with the pool's transport
-   (jobs through ZeroMQ, replies on a SOCK_SEQPACKET pair) and once all ZeroMQ: overhead and client
-   CPU that the transport and waking up cost here before the pool adds anything, in the same two
-   parts;
+   memory for the pool's median in-worker time (bench/zmq_floor.py), with the pool's transport
+   (jobs on each worker's SOCK_SEQPACKET pair, replies on a shared one), with jobs through ZeroMQ
+   instead (the pool's transport before ipc.inbox) and all ZeroMQ: overhead and client CPU that
+   the transport and waking up cost here before the pool adds anything, in the same two parts;
 5. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
    its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
    sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
@@ -46,7 +46,7 @@ import time
 from typing import NamedTuple
 
 from yardstick import cpu_steal_s, percentile
-from zmq_floor import zmq_floor
+from zmq_floor import TRANSPORTS, zmq_floor
 
 from mmworker import PoolConfig, WorkerPool
 from mmworker.corpus import encode, photo_like
@@ -319,17 +319,17 @@ def main() -> int:
     work_ms = percentile((s.busy for s in samples), 0.5)
     cores = sorted(os.sched_getaffinity(0))[:2]
     floors = {}
-    for name, seqpacket in (("floor: the pool's", True), ("floor: all ZeroMQ", False)):
-        to_worker, back, floor_cpu = zmq_floor(
-            data, work_ms, rate, args.seconds, cores, config.worker_nice, sched, seqpacket=seqpacket
-        )
+    for transport in TRANSPORTS:
+        name = f"floor: {transport}"
+        to_worker, back, floor_cpu = zmq_floor(data, work_ms, rate, args.seconds, cores, config.worker_nice, sched,
+                                               transport)  # fmt: skip
         floors[name] = (to_worker, back)
         floor = [a + b for a, b in zip(to_worker, back, strict=True)]
         print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
               f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
     print(
-        f"  (floors: open loop, Poisson, same load, {work_ms:.1f} ms jobs, no pool logic; the pool's sends jobs "
-        "through ZeroMQ and gets replies on a SOCK_SEQPACKET pair)"
+        f"  (floors: open loop, Poisson, same load, {work_ms:.1f} ms jobs, no pool logic; pool: jobs on each "
+        "worker's SOCK_SEQPACKET pair, replies on a shared one; zmq jobs: jobs through ZeroMQ instead; all zmq)"
     )
     print("\noverhead excluding the wait for a worker, in its two parts, p50 / p99 (ms): to the worker = "
           "handed over -> the worker began; back = the worker finished -> the reply is ready "

@@ -1,4 +1,4 @@
-"""Inter-process transport: shared-memory rings, the wire format and ZeroMQ channels (knows nothing of images).
+"""Inter-process transport: shared-memory rings, wire format, ZeroMQ channels, socket pairs (knows nothing of images).
 
 | module | owns |
 |---|---|
@@ -6,6 +6,7 @@
 | `ring` | `RingWriter` (a writer's allocator over its own segment), `RingReader` (checked zero-copy views) |
 | `wire` | versioned msgspec messages and their checked decoding; never pickle |
 | `channels` | private ipc:// endpoints, the load-balancing client `Router`, worker `Dealer`s |
+| `inbox` | a worker's inbox: what its client sends it, on a SOCK_SEQPACKET pair of its own (with a descriptor) |
 | `results` | workers' answers to their client on one shared SOCK_SEQPACKET pair, past libzmq's threads |
 | `lifeline` | children that die with their parent |
 | `errors` | the `IpcError` family |

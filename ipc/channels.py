@@ -10,6 +10,8 @@ A worker gets a job only when it is idle (it announced readiness, or answered it
 queued blindly behind another worker's slow job. Control messages (Release, Cancel, Stop) go to a
 specific worker and are not dispatches. Every received header is decoded by `ipc.wire.decode`; a
 malformed or hostile message is logged and dropped, never raised into the receive loop.
+(mmworker's pool talks to its I/O process this way; its CPU workers get their jobs through
+ipc.inbox instead, which costs the client a fraction of the CPU per job: see there.)
 
 Endpoints are ipc:// sockets inside a fresh 0700 directory (nobody else can connect); tcp:// is
 accepted for remote peers only with CURVE keys (encrypted, and only peers that know the server's

@@ -1,7 +1,7 @@
 """Worker results to their client over one AF_UNIX SOCK_SEQPACKET pair, past libzmq's I/O threads.
 
-Requests go to workers through ZeroMQ (ipc.channels); what a worker sends back when a job ends
-(one small header: Done or Failed) comes back here. Why not ZeroMQ for this direction: a ZeroMQ
+Jobs go to workers through their inboxes (ipc.inbox); what a worker sends back (its Hello, and one
+small header when a job ends: Done or Failed) comes back here. Why not ZeroMQ for this direction: a ZeroMQ
 message crosses two extra threads (the sender's libzmq I/O thread, then the receiver's) before the
 receiving thread wakes, and on a machine whose cores are all busy with workers each of those
 hand-offs waits for the scheduler. Measured on the 2-core dev VM, the pool's shape with bare

@@ -26,6 +26,7 @@ import mmap
 import os
 import secrets
 import stat
+from collections.abc import Callable
 
 from ipc.errors import SharedMemoryError
 
@@ -81,17 +82,9 @@ class Segment:
             raise SharedMemoryError(f"shared memory: cannot create {path}: {exc.strerror}") from exc
         try:
             os.fchmod(fd, 0o600)  # the umask can only remove bits, but be explicit about the mode
-            os.ftruncate(fd, size)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-                    raise SharedMemoryError(
-                        f"shared memory: {SHM_DIR} cannot hold a {size}-byte segment "
-                        f"({free_bytes()} bytes free); enlarge it (e.g. docker --shm-size) or shrink the rings"
-                    ) from exc
-                raise
-            buf = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            no_room = (f"shared memory: {SHM_DIR} cannot hold a {size}-byte segment ({{}} bytes free); "
+                       "enlarge it (e.g. docker --shm-size) or shrink the rings")  # fmt: skip
+            buf = _reserve(fd, size, lambda: no_room.format(free_bytes()))
         except BaseException:
             os.close(fd)
             os.unlink(path)
@@ -112,6 +105,21 @@ class Segment:
         finally:
             os.close(fd)
         return cls(name, size, buf, owner=False, writable=writable)
+
+    @classmethod
+    def anonymous(cls, tag: str, size: int) -> tuple["Segment", int]:
+        """A nameless writable segment (memfd) and its descriptor, for handing to a peer over a
+        socket (ipc.inbox): nothing appears in /dev/shm, so nothing can leak; the memory lives while
+        the descriptor or a mapping does. The caller closes both."""
+        if size <= 0:
+            raise SharedMemoryError(f"shared memory: segment size must be positive, got {size}")
+        fd = os.memfd_create(f"{PREFIX}-{tag}", os.MFD_CLOEXEC)
+        try:
+            buf = _reserve(fd, size, lambda: f"shared memory: no room for a {size}-byte {tag} segment")
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(f"memfd:{tag}", size, buf, owner=False, writable=True), fd
 
     def reader_fd(self) -> int:
         """A new read-only descriptor of this (still linked) segment, for children to inherit
@@ -159,6 +167,19 @@ class Segment:
     def __repr__(self) -> str:
         role = "owner" if self.owner else "attached"
         return f"Segment({self.name!r}, {self.size} bytes, {role}, {'linked' if self._linked else 'unlinked'})"
+
+
+def _reserve(fd: int, size: int, no_room: Callable[[], str]) -> mmap.mmap:
+    """Size a fresh descriptor, allocate its pages and map it writable. A shortage of memory fails
+    here as SharedMemoryError(no_room()), not as SIGBUS at the first write later."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise SharedMemoryError(no_room()) from exc
+        raise
+    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def _map(fd: int, what: str, *, writable: bool, flags: int) -> tuple[int, mmap.mmap]:

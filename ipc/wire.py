@@ -4,8 +4,9 @@ A message on a ZeroMQ socket is a multipart message:
 
     [header: msgpack of one message struct below] [payload frame 0] [payload frame 1] ...
 
-(On the results channel, ipc.results, a message is one record: the sender's identity, then the
-header; Done and Failed travel there, without payload frames.)
+(On the socket pairs a message is one record, without payload frames: in a worker's inbox,
+ipc.inbox, the header, and with a Job optionally one descriptor of the memory holding its inputs;
+on the results channel, ipc.results, the sender's identity, then the header.)
 
 Only the header is decoded; payload frames (raw image bytes, for instance) are passed on as they
 are, zero-copy, and never interpreted by the transport. Decoding checks the version, the header's
@@ -16,7 +17,7 @@ bounds, by `ipc.ring.RingReader.view` before any view exists.
 Message flow (C = client, W = worker):
     W -> C  Hello      after start-up: which ring it writes, its pid
     C -> W  Job        one unit of work + `frames` payload frames, or its `inputs` in C's request ring
-                       (+ releases, piggybacked: see Release)
+                       (or in the descriptor that came with it) (+ releases, piggybacked: see Release)
     W -> C  Done       result tensors (descriptors into W's ring), small metadata, optional frames
     W -> C  Failed     the job's one-line reason
     C -> W  Release    allocations the client no longer uses (W may reuse their space); a client may
@@ -66,8 +67,9 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     deadline_ms: int
     args: dict[str, Value] = {}
     released: list[tuple[int, int]] = []  # (offset, seq) of the receiver's ring, applied before the job
-    # The job's inputs as (offset, nbytes) in the sender's request ring, instead of payload frames
-    # (then frames == 0); the sender keeps them unchanged until the job's answer arrives.
+    # The job's inputs as (offset, nbytes) in the sender's request ring (or in the descriptor sent
+    # with the Job), instead of payload frames (then frames == 0); the sender keeps them unchanged
+    # until the job's answer arrives.
     inputs: list[tuple[int, int]] = []
 
 

@@ -14,12 +14,14 @@ and overdue requests (deadlines), restart workers, dispatch queued requests to i
 out finished replies. A caller should call `poll()` at least every ~100 ms while requests are in
 flight; `fileno()` becomes readable when a message arrives.
 
-Channels: requests, releases and the I/O process's traffic go through ZeroMQ (ipc.channels); each
-worker's answer comes back on the results channel (ipc.results), which skips libzmq's I/O threads.
-A dispatched job's input bytes (input_ids, images) are copied once into this process's request
-ring, which every worker maps read-only, and the Job carries their places: no image byte crosses a
-socket or libzmq's I/O thread. They stay there until the job's answer arrives (or its worker is
-gone); a job whose inputs do not fit sends them as payload frames instead.
+Channels: jobs and releases go to each worker through its inbox (ipc.inbox), and its Hello and
+answers come back on the results channel (ipc.results): socket pairs this thread writes and reads
+itself, with no libzmq thread in between; the I/O process's traffic goes through ZeroMQ
+(ipc.channels). A dispatched job's input bytes (input_ids, images) are copied once into this
+process's request ring, which every worker maps read-only, and the Job carries their places: no
+image byte crosses a socket. They stay there until the job's answer arrives (or its worker is
+gone); a job whose inputs do not fit now gets a one-off nameless segment (memfd) of its own
+instead, whose descriptor travels with the Job and which ends with the worker's mapping.
 
 Exactly one reply per request, whatever happens: rejected at submit ("queue full", budgets), by a
 worker (its MmError), by the I/O process (fetch errors), "worker crashed", "deadline exceeded",
@@ -52,6 +54,7 @@ import numpy as np
 
 from ipc.channels import Router, RuntimeDir, new_context
 from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError
+from ipc.inbox import Inbox
 from ipc.results import ResultsChannel
 from ipc.ring import ALIGN, Allocation, RingReader, RingWriter
 from ipc.segment import Segment, new_name, sweep_stale
@@ -73,6 +76,8 @@ _COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool th
 # How often poll() looks for ended children (one poll(2) over their pidfds; waitpid only when one
 # ended) and overdue requests: often enough that a crash is answered within a few ms.
 _CHECK_INTERVAL_S = 0.01
+# Releases per inbox record (a Job's or a Release's): ~20 bytes each, well inside ipc.results.MAX_RECORD_BYTES.
+_RELEASES_PER_RECORD = 1024
 # Where a wake-up found messages (Router.poll's mask: the router's socket, then the watched results).
 _FROM_ROUTER, _FROM_RESULTS = 1, 2
 _FROM_ANY = _FROM_ROUTER | _FROM_RESULTS
@@ -99,8 +104,8 @@ class PoolStats:
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
-    __slots__ = ("core", "identity", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid", "segment",
-                 "started")  # fmt: skip
+    __slots__ = ("core", "identity", "inbox", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid",
+                 "segment", "started")  # fmt: skip
 
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
@@ -109,9 +114,10 @@ class _Slot:
         self.segment: Segment | None = None
         self.reader: RingReader | None = None
         self.identity = b""
+        self.inbox: Inbox | None = None  # owned by _Resources.inboxes
         self.rid: int | None = None
         self.started = 0.0
-        self.pending: list[tuple[int, int]] = []  # released allocations that go with the next Job
+        self.pending: list[tuple[int, int]] = []  # released allocations not yet sent (see WorkerPool._release)
         self.inputs: Allocation | None = None  # its running job's inputs in the request ring
 
     @property
@@ -146,6 +152,7 @@ class _Resources:
         self.context = None
         self.router: Router | None = None
         self.results: ResultsChannel | None = None
+        self.inboxes: dict[int, Inbox] = {}  # per worker slot; replaced when its worker is
         self.wake: select.epoll | None = None  # fileno(): readable when the router or the results are
         self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
         self.exits = select.poll()  # over the pidfds
@@ -173,6 +180,8 @@ class _Resources:
         self.pidfds.clear()
         if self.wake is not None:
             self.wake.close()
+        for inbox in self.inboxes.values():
+            inbox.close()
         if self.results is not None:
             self.results.close()
         if self.router is not None:
@@ -213,6 +222,7 @@ class WorkerPool:
         self._requests: dict[int, _Request] = {}
         self._by_request_id: dict[Any, int] = {}
         self._queue: collections.deque[_Request] = collections.deque()
+        self._idle: collections.OrderedDict[int, _Slot] = collections.OrderedDict()  # longest idle first
         self._order: collections.deque[int] = collections.deque()
         self._finished: dict[int, Reply] = {}
         self._stats = dict(submitted=0, accepted=0, rejected=0, restarts=0)
@@ -302,14 +312,19 @@ class WorkerPool:
         self._by_identity[slot.identity] = slot
         slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
         self._res.segments.append(slot.segment)
-        results_fd, requests_fd = self._res.results.sender_fd, self._res.requests_fd
-        args = {"endpoint": self._res.router.endpoint, "results_fd": results_fd, "requests_fd": requests_fd,
+        old = self._res.inboxes.pop(slot.index, None)
+        if old is not None:
+            old.close()
+        slot.inbox = self._res.inboxes[slot.index] = Inbox()
+        results_fd, requests_fd, inbox_fd = self._res.results.sender_fd, self._res.requests_fd, slot.inbox.worker_fd
+        args = {"inbox_fd": inbox_fd, "results_fd": results_fd, "requests_fd": requests_fd,
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": self.config.image_cpu_s,
                 "nice": self.config.worker_nice, "sched": self.plan.worker_sched}  # fmt: skip
         slot.started = time.monotonic()
-        slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd))
+        slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd, inbox_fd))
+        slot.inbox.handed_over()  # only the worker holds its end now: its exit shows as ChannelClosed
 
     # --- the public face ---------------------------------------------------------------------------
 
@@ -520,15 +535,19 @@ class WorkerPool:
         while where & _FROM_RESULTS and (got := results.recv()) is not None:
             peer, message = got
             slot = self._worker(peer)
-            if slot is not None and isinstance(message, (Done, Failed)):
+            if slot is None:
+                continue
+            if isinstance(message, (Done, Failed)):
                 self._on_result(slot, message)
+            elif isinstance(message, Hello) and not slot.ready:
+                self._on_hello(slot, message)
         router = self._res.router
         while where & _FROM_ROUTER and (got := router.recv()) is not None:
             peer, message, payload = got
             if peer == IO_IDENTITY:
                 self._on_io(message, payload)
-            elif (slot := self._worker(peer)) is not None and isinstance(message, Hello):
-                self._on_hello(slot, message)
+            else:  # only the I/O process has business on the router
+                log.warning("message from unknown peer %r dropped", peer)
 
     def _worker(self, peer: bytes) -> _Slot | None:
         slot = self._by_identity.get(peer)
@@ -540,13 +559,13 @@ class WorkerPool:
         slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)
         self._retire(slot)  # both sides have mapped it: from now on it cannot leak
         self._cold_start.append((time.monotonic() - slot.started) * 1e3)
-        self._res.router.mark_idle(slot.identity)
+        self._idle[slot.index] = slot
 
     def _on_result(self, slot: _Slot, message: Done | Failed) -> None:
         self._free_inputs(slot)  # the worker has finished reading them
         req = self._answered(message.rid)
         slot.rid = None
-        self._res.router.mark_idle(slot.identity)
+        self._idle[slot.index] = slot
         if req is None:  # aborted meanwhile: free and drop
             if isinstance(message, Done):
                 self._release(slot, _allocations(message))
@@ -627,6 +646,8 @@ class WorkerPool:
                 slot.proc.kill()  # it may be hung or stopped: its ring and its job are abandoned
                 slot.proc.wait()
                 self._restart(slot, req, f"deadline exceeded ({self.config.deadline_s:g} s, worker {slot.index})")
+            elif slot.pending and slot.rid is not None:  # releases its inbox had no room for before
+                self._flush_releases(slot)
         if ended and self._io_proc.poll() is not None:
             code = self._io_proc.returncode
             for req in [r for r in self._requests.values() if r.state == "io"]:
@@ -635,7 +656,7 @@ class WorkerPool:
             self._start_io()
 
     def _restart(self, slot: _Slot, req: _Request | None, why: str) -> None:
-        self._res.router.forget(slot.identity)
+        self._idle.pop(slot.index, None)
         self._free_inputs(slot)  # its process has ended (or was killed and reaped): nothing reads them
         if req is not None and not req.cancelled:
             self._reject(req, why)
@@ -657,49 +678,71 @@ class WorkerPool:
             self._res.segments.remove(segment)
 
     def _dispatch(self) -> None:
-        router = self._res.router
-        while self._queue and router.idle:
+        """Hand queued requests to idle workers, the longest idle first, while there are both."""
+        while self._queue and self._idle:
             req = self._queue[0]
-            args = {"kinds": "".join(req.kinds)}
             handed_over = time.monotonic()  # before the send: the worker may begin before it returns
-            frames = (req.ids, *req.frames)
-            staged, places = self._stage(frames)
-            payload = () if staged is not None else frames
-
-            def job(peer: bytes, rid: int = req.rid, n: int = len(payload), args=args, places=places) -> Job:
-                slot = self._by_identity[peer]
-                released, slot.pending = slot.pending, []
-                return Job(rid, n, self._deadline_ms, args, released, places)
-
-            peer = router.dispatch(job, payload)
-            if peer is None:
+            try:
+                staged, fd, places = self._stage((req.ids, *req.frames))
+            except IpcError as exc:  # not even a one-off segment could be had
+                self._queue.popleft()
+                self._reject(req, f"request inputs not staged: {exc}")
+                continue
+            index, slot = self._idle.popitem(last=False)
+            released = slot.pending[:_RELEASES_PER_RECORD]
+            job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(req.kinds)}, released, places)
+            try:
+                sent = slot.inbox.send(job, fd)
+            except ChannelClosed:  # it died after its last answer; its process handle tells the rest
+                sent = None
+            finally:
+                if fd is not None:
+                    os.close(fd)  # the worker has its own copy now (or none is needed)
+            if not sent:
                 self._free(staged)
+                if sent is None:
+                    continue
+                # Its inbox is full: it has not read the releases sent while it was busy yet (it
+                # is about to). The request and the worker stay first in line for the next turn.
+                self._idle[index] = slot
+                self._idle.move_to_end(index, last=False)
                 return
+            del slot.pending[: len(released)]
             self._queue.popleft()
-            slot = self._by_identity[peer]
             slot.rid, slot.inputs = req.rid, staged
             req.state = "running"
             req.dispatched = handed_over
             req.deadline = handed_over + self.config.deadline_s
+            self._flush_releases(slot)  # any the Job had no room for
 
-    def _stage(self, frames: tuple) -> tuple[Allocation | None, list[tuple[int, int]]]:
-        """Copy a job's inputs into one allocation of the request ring, each 64-byte aligned as a
-        reader's view must be: (the allocation, each input's (offset, nbytes)); (None, []) when they
-        do not fit now (nothing is held then)."""
-        sizes = [memoryview(frame).nbytes for frame in frames]
-        spans = [-(-n // ALIGN) * ALIGN for n in sizes]
+    def _stage(self, frames: tuple) -> tuple[Allocation | None, int | None, list[tuple[int, int]]]:
+        """Copy a job's inputs to where its worker reads them, each 64-byte aligned as a reader's
+        view must be: one allocation of the request ring, or, when the ring has no room now, a
+        one-off nameless segment of their own, whose descriptor goes with the Job (the caller
+        closes it once sent) and whose memory ends with the worker's mapping of it.
+
+        Returns (the allocation or None, the descriptor or None, each input's (offset, nbytes)).
+        """
+        spans = [-(-memoryview(frame).nbytes // ALIGN) * ALIGN for frame in frames]
+        size = max(ALIGN, sum(spans))
         ring = self._res.requests
         try:
-            allocation = ring.try_allocate(sum(spans))
+            allocation = ring.try_allocate(size)
         except AllocationTooLarge:
             allocation = None
-        if allocation is None:
-            return None, []
-        places, at = [], 0
-        for frame, span in zip(frames, spans, strict=True):
-            places.append((allocation.offset + at, ring.write(allocation, at, frame)))
-            at += span
-        return allocation, places
+        if allocation is not None:
+            return allocation, None, _copy_inputs(ring, allocation, frames, spans)
+        segment, fd = Segment.anonymous("inputs", size)
+        try:
+            one_off = RingWriter(segment, REQUEST_RING)
+            places = _copy_inputs(one_off, one_off.try_allocate(size), frames, spans)
+            del one_off  # its views of the segment, so that the close below unmaps it at once
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            segment.close()  # the descriptor keeps the memory
+        return None, fd, places
 
     def _free(self, allocation: Allocation | None) -> None:
         if allocation is not None:
@@ -711,17 +754,21 @@ class WorkerPool:
 
     # --- bookkeeping -----------------------------------------------------------------------------
 
-    def _send(self, slot: _Slot, message) -> None:
-        with contextlib.suppress(ChannelClosed):  # it is gone; its process handle tells the rest
-            self._res.router.send(slot.identity, message)
-
     def _release(self, slot: _Slot, allocations: list[tuple[int, int]]) -> None:
         """Give allocations back to a worker: at once if it is busy (it may be waiting for space),
         else with its next Job (it allocates nothing before that), which saves a message each way."""
-        if slot.rid is None:
-            slot.pending += allocations
-        else:
-            self._send(slot, Release(slot.index, allocations))
+        slot.pending += allocations
+        if slot.rid is not None:
+            self._flush_releases(slot)
+
+    def _flush_releases(self, slot: _Slot) -> None:
+        """Send a busy worker what is pending for it, as far as its inbox has room now; the rest
+        waits for the next release, the next Job or the next process check."""
+        try:
+            while slot.pending and slot.inbox.send(Release(slot.index, slot.pending[:_RELEASES_PER_RECORD])):
+                del slot.pending[:_RELEASES_PER_RECORD]
+        except ChannelClosed:  # it is gone; its process handle tells the rest, and its ring goes
+            slot.pending = []
 
     def _reject(self, req: _Request, error: str, *, keep_tracking: bool = False) -> None:
         """Answer `req` with `error`; `keep_tracking` keeps a cancelled request known until its worker's
@@ -768,6 +815,15 @@ class WorkerPool:
         reply = self._finished.pop(rid)
         self._by_request_id.pop(reply.request_id, None)
         return reply
+
+
+def _copy_inputs(ring: RingWriter, allocation: Allocation, frames: tuple, spans: list[int]) -> list[tuple[int, int]]:
+    """Write `frames` one after another (each `spans` bytes apart) into `allocation`: their (offset, nbytes)."""
+    places, at = [], 0
+    for frame, span in zip(frames, spans, strict=True):
+        places.append((allocation.offset + at, ring.write(allocation, at, frame)))
+        at += span
+    return places
 
 
 def _allocations(done: Done) -> list[tuple[int, int]]:

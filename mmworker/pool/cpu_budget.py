@@ -8,8 +8,8 @@ ring cut between its own updates would hand out memory a reply still views). So 
 blocked in this thread except while `run` computes, and `held()` blocks it again inside. A
 signal that expires while blocked waits, and strikes the moment the block ends.
 
-Only this thread can take the signal: libzmq blocks every signal in the threads it starts, and a
-worker starts no others (numba, blake3 and Pillow run single-threaded there).
+Only this thread can take the signal: a worker has no other (numba, blake3 and Pillow run
+single-threaded there, and its channels are plain sockets: no libzmq threads).
 """
 
 import signal

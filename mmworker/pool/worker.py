@@ -3,13 +3,13 @@
 Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interpreter: never a fork
 of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
 
-    {"endpoint": ..., "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
+    {"inbox_fd": fd, "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
      "ring": name, "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s}
 
-Jobs, releases and Stop arrive through ZeroMQ (`endpoint`); Hello goes back that way too, but each
-job's answer goes through the inherited `results_fd` (ipc.results: no libzmq thread on that path).
-A job's input bytes are read in place from the client's request ring (`requests_fd`, read-only),
-unless they did not fit there and came as payload frames.
+Jobs, releases and Stop arrive in its inbox (`inbox_fd`, ipc.inbox); Hello and each job's answer
+go back through `results_fd` (ipc.results). Neither uses ZeroMQ, so the process has exactly one
+thread. A job's input bytes are read in place from the client's request ring (`requests_fd`,
+read-only), or, when they did not fit there, from the one-off descriptor that came with the Job.
 
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
 a tiny image -> map the ring -> Hello -> then one job at a time:
@@ -21,8 +21,7 @@ a tiny image -> map the ring -> Hello -> then one job at a time:
               busy_ms and started: when the job began on this host's monotonic clock)
       or Failed(reason), on the results channel; the job's allocations are freed on every failure path.
 
-While waiting for ring space it applies Release messages (the only way space comes back). libzmq
-adds its own I/O and reaper threads to the process; they only move bytes.
+While waiting for ring space it applies Release messages (the only way space comes back).
 """
 
 import json
@@ -34,8 +33,8 @@ import traceback
 
 import numpy as np
 
-from ipc.channels import Dealer, new_context
 from ipc.errors import ChannelClosed, IpcError
+from ipc.inbox import InboxReader
 from ipc.results import ResultSender
 from ipc.ring import RingReader, RingWriter
 from ipc.segment import Segment
@@ -69,11 +68,10 @@ class Worker:
         self.requests = RingReader(self.requests_segment, REQUEST_RING)
         identity = f"w{self.id}.{args['incarnation']}".encode()
         self.results = ResultSender(int(args["results_fd"]), identity)
-        self.context = new_context()
-        self.channel = Dealer(self.context, args["endpoint"], identity)
+        self.inbox = InboxReader(int(args["inbox_fd"]))
         self.stopping = False
         ready_ms = (time.monotonic() - self.started) * 1e3
-        self.channel.send(Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms))
+        self.results.send(Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms))
 
     def _warm_up(self) -> None:
         # Loads every kernel a request touches (from numba's on-disk cache after the first run),
@@ -85,13 +83,16 @@ class Worker:
 
     def serve(self) -> None:
         while not self.stopping:
-            got = self.channel.recv(-1)
+            try:
+                got = self.inbox.recv(-1)
+            except ChannelClosed:  # the client closed its end: nothing more will come
+                return
             if got is None:
                 continue
-            message, payload = got
+            message, fd = got
             if isinstance(message, Job):
                 self._free_released(message.released)
-                self._run(message, payload)
+                self._run(message, fd)
             else:
                 self._control(message)
 
@@ -106,11 +107,30 @@ class Worker:
             self.stopping = True
 
     def _wait_for_space(self, seconds: float) -> None:
-        got = self.channel.recv(int(min(seconds, 0.1) * 1000))
-        if got is not None and not isinstance(got[0], Job):
+        got = self.inbox.recv(int(min(seconds, 0.1) * 1000))
+        if got is not None:  # a busy worker is sent no Job (nor a descriptor)
             self._control(got[0])
 
-    def _run(self, job: Job, payload: list) -> None:
+    def _run(self, job: Job, fd: int | None) -> None:
+        """Run `job` and answer it; `fd` is the one-off memory holding its inputs, if they came so."""
+        inputs = self.requests
+        if fd is not None:
+            try:
+                inputs = RingReader(Segment.map_fd(fd), REQUEST_RING)
+            except IpcError as exc:
+                self.results.send(Failed(job.rid, f"internal error: job inputs not mapped: {exc}"))
+                return
+            finally:
+                os.close(fd)  # the mapping keeps the memory
+        try:
+            self._answer(job, inputs)
+        finally:
+            if inputs is not self.requests:  # unmapped now, or when the last view of it is gone
+                segment = inputs.segment
+                del inputs
+                segment.close()
+
+    def _answer(self, job: Job, inputs: RingReader) -> None:
         t0 = time.monotonic()
         deadline = t0 + max(job.deadline_ms, 1) / 1000
         allocations = []  # (array, allocation) of this job, freed if it fails
@@ -128,10 +148,10 @@ class Worker:
         # bytecodes of the computation (a long C call finishes first; the pool's wall-clock
         # deadline covers hangs). Never outside it (mmworker.pool.cpu_budget), so never in a send,
         # which could deliver a Done whose memory the failure path then frees.
-        images = (len(job.inputs) if job.inputs else len(payload)) - 1  # after the input_ids
+        images = len(job.inputs) - 1  # after the input_ids
         try:
             answer = self.budget.run(
-                self.image_cpu_s * max(1, images), lambda: self._compute(job, payload, alloc, allocations, t0)
+                self.image_cpu_s * max(1, images), lambda: self._compute(job, inputs, alloc, allocations, t0)
             )
         except (BudgetExceeded, MmError, IpcError) as exc:
             answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3)
@@ -148,14 +168,8 @@ class Worker:
             self._free(allocations)
             self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}"))
 
-    def _inputs(self, job: Job, payload: list) -> list:
-        """The job's input buffers: views of the client's request ring, or the payload frames'."""
-        if job.inputs:
-            return [self.requests.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
-        return [frame.buffer for frame in payload]
-
-    def _compute(self, job: Job, payload: list, alloc, allocations, t0: float) -> Done:
-        buffers = self._inputs(job, payload)
+    def _compute(self, job: Job, inputs: RingReader, alloc, allocations, t0: float) -> Done:
+        buffers = [inputs.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
         if not buffers or len(buffers[0]) % 8:
             raise MmError(f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them")
         ids = np.frombuffer(buffers[0], dtype="<i8")
@@ -196,8 +210,7 @@ class Worker:
 
     def close(self) -> None:
         self.results.close()
-        self.channel.close()
-        self.context.term()
+        self.inbox.close()
         del self.ring, self.requests
         self.segment.close()
         self.requests_segment.close()
