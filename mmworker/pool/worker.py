@@ -14,7 +14,7 @@ read-only), or, when they did not fit there, from the one-off descriptor that ca
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
 a tiny image -> map the ring -> Hello -> then one job at a time:
 
-    Job(rid, inputs or frames = [input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
+    Job(rid, inputs = places of [input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
       -> driver.process(family, MmInput, alloc=ring allocator)
       -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta;
@@ -108,8 +108,11 @@ class Worker:
 
     def _wait_for_space(self, seconds: float) -> None:
         got = self.inbox.recv(int(min(seconds, 0.1) * 1000))
-        if got is not None:  # a busy worker is sent no Job (nor a descriptor)
-            self._control(got[0])
+        if got is not None:  # a busy worker is sent no Job, so no descriptor either
+            message, fd = got
+            if fd is not None:
+                os.close(fd)
+            self._control(message)
 
     def _run(self, job: Job, fd: int | None) -> None:
         """Run `job` and answer it; `fd` is the one-off memory holding its inputs, if they came so."""
