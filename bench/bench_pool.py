@@ -31,7 +31,8 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
    its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
    sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
    something to do plus libzmq's I/O thread, per request, and separately the cost of a poll(0)
-   that finds nothing. Beside step 2 it shows how much of the client CPU there is waking up.
+   that finds nothing. Beside step 2 it shows how much of the client CPU there is waking up;
+6. (no verdict) what one sleep with a timeout costs this thread here, with no pool involved.
 
     .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-sched auto|idle|normal] [--worker-nice N]
 """
@@ -40,6 +41,7 @@ import argparse
 import os
 import random
 import select
+import socket
 import statistics
 import sys
 import time
@@ -226,6 +228,26 @@ def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
     return (active / max(1, replies) + io) * 1e3, io * 1e3, percentile(empty, 0.5) * 1e3
 
 
+def sleep_cost(n: int = 500) -> tuple[float, float]:
+    """This thread's CPU per timed sleep, in us: time.sleep(0), and a 2 ms poll(2) on a socket
+    nothing writes to. Both arm a timer and wake from it: what any wait with a timeout costs here
+    before the code around it does anything (on a KVM guest each timer costs exits)."""
+    quiet, other = socket.socketpair()
+    waiting = select.poll()
+    waiting.register(quiet.fileno(), select.POLLIN)
+    try:
+        costs = []
+        for sleep in (lambda: time.sleep(0), lambda: waiting.poll(2)):
+            c0 = time.thread_time()
+            for _ in range(n):
+                sleep()
+            costs.append((time.thread_time() - c0) / n * 1e6)
+        return costs[0], costs[1]
+    finally:
+        quiet.close()
+        other.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -345,6 +367,9 @@ def main() -> int:
     print("\nbusy embedding loop (never sleeps, poll(0) every ~1 ms), 1 worker at 70% load, no verdict:")
     print(f"  client CPU per request {busy_cpu:.3f} ms (of which libzmq's I/O thread {busy_io:.3f} ms), "
           f"plus {empty_poll * 1e3:.1f} us per poll(0) that finds nothing")  # fmt: skip
+    sleep_us, wait_us = sleep_cost()
+    print(f"\none sleep with a timeout on this machine, no verdict: time.sleep(0) {sleep_us:.1f} us of CPU, "
+          f"poll(2) for 2 ms on an idle socket {wait_us:.1f} us (the loops above sleep ~2x per request)")  # fmt: skip
     steal = (cpu_steal_s() - steal0) / (os.cpu_count() * (time.monotonic() - started))  # /proc/stat sums all CPUs
     print(f"\nthe host took {steal:.1%} of this VM's CPU time during the run (steal; ~0 on a quiet host)")
     print()

@@ -1,10 +1,10 @@
 """Worker results to their client over one AF_UNIX SOCK_SEQPACKET pair, past libzmq's I/O threads.
 
-Jobs go to workers through their inboxes (ipc.inbox); what a worker sends back (its Hello, and one
-small header when a job ends: Done or Failed) comes back here. Why not ZeroMQ for this direction: a ZeroMQ
-message crosses two extra threads (the sender's libzmq I/O thread, then the receiver's) before the
-receiving thread wakes, and on a machine whose cores are all busy with workers each of those
-hand-offs waits for the scheduler. Measured on the 2-core dev VM, the pool's shape with bare
+Jobs go to workers through their inboxes (ipc.inbox); what a worker sends back (its Hello, and
+one small header when a job ends: Done or Failed) comes back here. Why not ZeroMQ for this
+direction: a ZeroMQ message crosses two extra threads (the sender's libzmq I/O thread, then the
+receiver's) before the receiving thread wakes, and on a machine whose cores are all busy with
+workers each of those hand-offs waits for the scheduler. Measured on the 2-core dev VM, the pool's shape with bare
 sockets and no pool logic (bench/zmq_floor.py, medians of 5 runs): reply overhead p50 / p99 after
 the work 0.58 / 3.9 ms through ZeroMQ, 0.35 / 0.76 ms through this pair, and client CPU per
 request 0.56 -> 0.43 ms.
