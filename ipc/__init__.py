@@ -6,6 +6,7 @@
 | `ring` | `RingWriter` (a writer's allocator over its own segment), `RingReader` (checked zero-copy views) |
 | `wire` | versioned msgspec messages and their checked decoding; never pickle |
 | `channels` | private ipc:// endpoints, the load-balancing client `Router`, worker `Dealer`s |
+| `records` | wire messages as SOCK_SEQPACKET records: size limit, adopting an inherited end, receiving |
 | `inbox` | a worker's inbox: what its client sends it, on a SOCK_SEQPACKET pair of its own (with a descriptor) |
 | `results` | workers' answers to their client on one shared SOCK_SEQPACKET pair, past libzmq's threads |
 | `lifeline` | children that die with their parent |

@@ -16,20 +16,16 @@ and the caller keeps the message for later. A worker that is gone makes it raise
 """
 
 import array
-import logging
-import select
 import socket
 
 from ipc.errors import ChannelClosed, IpcError, WireError
-from ipc.results import MAX_RECORD_BYTES
+from ipc.records import MAX_RECORD_BYTES, RecordReceiver, adopt, check_whole
 from ipc.wire import Job, Message, decode, encode
-
-log = logging.getLogger(__name__)
 
 _FD_BYTES = array.array("i").itemsize
 # Room for two descriptors, so a record that carries more than the one allowed shows as such.
 _ANCILLARY_BYTES = socket.CMSG_SPACE(2 * _FD_BYTES)
-_MSG_TRUNC, _MSG_CTRUNC, _MSG_NOSIGNAL = int(socket.MSG_TRUNC), int(socket.MSG_CTRUNC), int(socket.MSG_NOSIGNAL)
+_MSG_CTRUNC, _MSG_NOSIGNAL = int(socket.MSG_CTRUNC), int(socket.MSG_NOSIGNAL)
 
 
 class Inbox:
@@ -82,27 +78,22 @@ class InboxReader:
     """A worker's side: the inherited end of its `Inbox`. It owns `fd` from here on (a refusal closes it too)."""
 
     def __init__(self, fd: int) -> None:
-        self._sock = socket.socket(fileno=fd)
-        if self._sock.type != socket.SOCK_SEQPACKET:
-            self._sock.close()
-            raise IpcError(f"fd {fd} is not a SOCK_SEQPACKET socket")
-        self._sock.setblocking(False)
-        self._buffer = bytearray(MAX_RECORD_BYTES + 1)  # one byte more, so a longer record shows as cut
-        self._view = memoryview(self._buffer)
-        self._waiting = select.poll()
-        self._waiting.register(self._sock.fileno(), select.POLLIN)
-        self.rejected = 0  # malformed records dropped
+        self._records = RecordReceiver(adopt(fd), "inbox")
+
+    @property
+    def rejected(self) -> int:
+        """Malformed records dropped."""
+        return self._records.rejected
 
     def recv(self, timeout_ms: int) -> tuple[Message, int | None] | None:
         """The next valid (message, descriptor or None) within timeout_ms (-1: wait forever), else
         None; the caller owns a returned descriptor. ChannelClosed once the client is gone."""
-        while self._waiting.poll(timeout_ms):
-            try:
-                n, ancillary, flags, _ = self._sock.recvmsg_into([self._buffer], _ANCILLARY_BYTES)
-            except BlockingIOError:
+        records = self._records
+        while records.wait(timeout_ms):
+            got = records.receive(_ANCILLARY_BYTES)
+            if got is None:
                 continue
-            except OSError as exc:
-                raise ChannelClosed(f"inbox: {exc}") from exc
+            n, ancillary, flags = got
             fds = _descriptors(ancillary)
             if n == 0 and not fds:
                 raise ChannelClosed("inbox: the client closed it")
@@ -111,25 +102,22 @@ class InboxReader:
             except WireError as exc:
                 for fd in fds:
                     socket.close(fd)
-                self.rejected += 1
-                log.error("dropped a malformed inbox record: %s", exc)
+                records.drop(exc)
                 continue
             return message, fds[0] if fds else None
         return None
 
     def _parse(self, n: int, flags: int, descriptors: int) -> Message:
-        if flags & _MSG_TRUNC or n > MAX_RECORD_BYTES:
-            raise WireError(f"record longer than {MAX_RECORD_BYTES} bytes")
+        check_whole(n, flags)
         if flags & _MSG_CTRUNC or descriptors > 1:
             raise WireError("record carries more than one descriptor")
-        message, _ = decode([self._view[:n]])  # one frame: decode refuses announced payload frames
+        message, _ = decode([self._records.view[:n]])  # one frame: decode refuses announced payload frames
         if descriptors and not isinstance(message, Job):
             raise WireError(f"a descriptor came with a {type(message).__name__}, not a Job")
         return message
 
     def close(self) -> None:
-        self._view.release()
-        self._sock.close()
+        self._records.close()
 
 
 def _descriptors(ancillary: list) -> list[int]:

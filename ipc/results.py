@@ -20,34 +20,23 @@ and the identity says which worker (and which start of it) sent it; the client d
 from identities it no longer knows. Payload frames are not supported: results are descriptors.
 """
 
-import logging
-import select
 import socket
 
 from ipc.errors import ChannelClosed, IpcError, WireError
+from ipc.records import MAX_RECORD_BYTES, RecordReceiver, adopt, check_whole
 from ipc.wire import Message, decode, encode
 
-log = logging.getLogger(__name__)
+__all__ = ["MAX_RECORD_BYTES", "ResultSender", "ResultsChannel"]
 
 _MAX_IDENTITY = 255
-# The largest record either side accepts. A Done for 64 images is ~7 KB; this also fits the
-# default socket buffer (208 KB), so no socket option is needed anywhere.
-MAX_RECORD_BYTES = 64 << 10
-# As a plain int: `flags & socket.MSG_TRUNC` would build an enum member for every record.
-_MSG_TRUNC = int(socket.MSG_TRUNC)
 
 
 class ResultsChannel:
     """The client's side: owns the pair; `sender_fd` is what children inherit, `recv` never blocks."""
 
     def __init__(self) -> None:
-        self._recv_sock, self._send_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._recv_sock.setblocking(False)
-        self._buffer = bytearray(MAX_RECORD_BYTES + 1)  # one byte more, so a longer record shows as cut
-        self._view = memoryview(self._buffer)
-        self._waiting = select.poll()
-        self._waiting.register(self._recv_sock.fileno(), select.POLLIN)
-        self.rejected = 0  # malformed records dropped
+        receiving, self._send_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._records = RecordReceiver(receiving, "results channel")
 
     @property
     def sender_fd(self) -> int:
@@ -56,39 +45,41 @@ class ResultsChannel:
 
     def fileno(self) -> int:
         """Readable (level-triggered) while records are waiting."""
-        return self._recv_sock.fileno()
+        return self._records.sock.fileno()
+
+    @property
+    def rejected(self) -> int:
+        """Malformed records dropped."""
+        return self._records.rejected
 
     def recv(self) -> tuple[bytes, Message] | None:
         """The next valid (identity, message) if one is waiting, else None."""
         # Asking poll(2) first: an empty non-blocking receive would raise, and exceptions cost more
         # than the syscall on a loop that checks after every wake-up.
-        while self._waiting.poll(0):
-            try:
-                n, _, flags, _ = self._recv_sock.recvmsg_into([self._buffer])
-            except BlockingIOError:
+        records = self._records
+        while records.wait(0):
+            got = records.receive()
+            if got is None:
                 return None
-            except OSError as exc:
-                raise ChannelClosed(f"results channel: {exc}") from exc
+            n, _, flags = got
             try:
                 return self._parse(n, flags)
             except WireError as exc:
-                self.rejected += 1
-                log.error("dropped a malformed result record: %s", exc)
+                records.drop(exc)
         return None
 
     def _parse(self, n: int, flags: int) -> tuple[bytes, Message]:
-        if flags & _MSG_TRUNC or n > MAX_RECORD_BYTES:
-            raise WireError(f"record longer than {MAX_RECORD_BYTES} bytes")
-        if n == 0 or 1 + self._buffer[0] > n or self._buffer[0] == 0:
+        view = self._records.view
+        check_whole(n, flags)
+        if n == 0 or 1 + view[0] > n or view[0] == 0:
             raise WireError(f"record of {n} bytes has no complete identity")
-        end = 1 + self._buffer[0]
+        end = 1 + view[0]
         # One frame: decode refuses a message that announces payload frames.
-        message, _ = decode([self._view[end:n]])
-        return bytes(self._view[1:end]), message
+        message, _ = decode([view[end:n]])
+        return bytes(view[1:end]), message
 
     def close(self) -> None:
-        self._view.release()
-        self._recv_sock.close()
+        self._records.close()
         self._send_sock.close()
 
 
@@ -99,15 +90,10 @@ class ResultSender:
     """
 
     def __init__(self, fd: int, identity: bytes) -> None:
-        self._sock = socket.socket(fileno=fd)
-        problem = None
-        if self._sock.type != socket.SOCK_SEQPACKET:
-            problem = f"fd {fd} is not a SOCK_SEQPACKET socket"
-        elif not 0 < len(identity) <= _MAX_IDENTITY:
-            problem = f"identity of {len(identity)} bytes (1..{_MAX_IDENTITY})"
-        if problem is not None:
+        self._sock = adopt(fd)
+        if not 0 < len(identity) <= _MAX_IDENTITY:
             self._sock.close()
-            raise IpcError(problem)
+            raise IpcError(f"identity of {len(identity)} bytes (1..{_MAX_IDENTITY})")
         self._sock.setblocking(True)  # a full queue waits for the client to read, it never drops
         self.identity = identity
 
