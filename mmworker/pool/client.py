@@ -104,8 +104,8 @@ class PoolStats:
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
-    __slots__ = ("core", "identity", "inbox", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid",
-                 "segment", "started")  # fmt: skip
+    __slots__ = ("core", "identity", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid", "segment",
+                 "started")  # fmt: skip
 
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
@@ -114,7 +114,6 @@ class _Slot:
         self.segment: Segment | None = None
         self.reader: RingReader | None = None
         self.identity = b""
-        self.inbox: Inbox | None = None  # owned by _Resources.inboxes
         self.rid: int | None = None
         self.started = 0.0
         self.pending: list[tuple[int, int]] = []  # released allocations not yet sent (see WorkerPool._release)
@@ -315,8 +314,8 @@ class WorkerPool:
         old = self._res.inboxes.pop(slot.index, None)
         if old is not None:
             old.close()
-        slot.inbox = self._res.inboxes[slot.index] = Inbox()
-        results_fd, requests_fd, inbox_fd = self._res.results.sender_fd, self._res.requests_fd, slot.inbox.worker_fd
+        inbox = self._res.inboxes[slot.index] = Inbox()
+        results_fd, requests_fd, inbox_fd = self._res.results.sender_fd, self._res.requests_fd, inbox.worker_fd
         args = {"inbox_fd": inbox_fd, "results_fd": results_fd, "requests_fd": requests_fd,
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
@@ -324,7 +323,7 @@ class WorkerPool:
                 "nice": self.config.worker_nice, "sched": self.plan.worker_sched}  # fmt: skip
         slot.started = time.monotonic()
         slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd, inbox_fd))
-        slot.inbox.handed_over()  # only the worker holds its end now: its exit shows as ChannelClosed
+        inbox.handed_over()  # only the worker holds its end now: its exit shows as ChannelClosed
 
     # --- the public face ---------------------------------------------------------------------------
 
@@ -692,7 +691,7 @@ class WorkerPool:
             released = slot.pending[:_RELEASES_PER_RECORD]
             job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(req.kinds)}, released, places)
             try:
-                sent = slot.inbox.send(job, fd)
+                sent = self._res.inboxes[index].send(job, fd)
             except ChannelClosed:  # it died after its last answer; its process handle tells the rest
                 sent = None
             finally:
@@ -764,8 +763,9 @@ class WorkerPool:
     def _flush_releases(self, slot: _Slot) -> None:
         """Send a busy worker what is pending for it, as far as its inbox has room now; the rest
         waits for the next release, the next Job or the next process check."""
+        inbox = self._res.inboxes[slot.index]
         try:
-            while slot.pending and slot.inbox.send(Release(slot.index, slot.pending[:_RELEASES_PER_RECORD])):
+            while slot.pending and inbox.send(Release(slot.index, slot.pending[:_RELEASES_PER_RECORD])):
                 del slot.pending[:_RELEASES_PER_RECORD]
         except ChannelClosed:  # it is gone; its process handle tells the rest, and its ring goes
             slot.pending = []
