@@ -199,11 +199,9 @@ class JpegRows:
             image.load_read = hooked
         try:
             image.load()  # (Pillow's decompression-bomb check ran at open: mmworker.common.decode)
-        except MmError:
-            raise  # a consumer's
         except _DECODE_ERRORS as exc:
             if exc in ours:
-                raise
+                raise  # the consumer's, as it raised it
             raise image_decode_error(exc) from exc
         finally:
             image.close()  # drops the mapping (and with it Pillow's hold on the memory)
