@@ -763,6 +763,8 @@ class WorkerPool:
     def _flush_releases(self, slot: _Slot) -> None:
         """Send a busy worker what is pending for it, as far as its inbox has room now; the rest
         waits for the next release, the next Job or the next process check."""
+        if not slot.pending:
+            return
         inbox = self._res.inboxes[slot.index]
         try:
             while slot.pending and inbox.send(Release(slot.index, slot.pending[:_RELEASES_PER_RECORD])):
