@@ -17,7 +17,8 @@ bounds, by `ipc.ring.RingReader.view` before any view exists.
 Message flow (C = client, W = worker):
     W -> C  Hello      after start-up: which ring it writes, its pid
     C -> W  Job        one unit of work + `frames` payload frames, or its `inputs` in C's request ring
-                       (or in the descriptor that came with it) (+ releases, piggybacked: see Release)
+                       (or in the descriptor that came with it, or in C's own memory for W to read in
+                       place) (+ releases, piggybacked: see Release)
     W -> C  Done       result tensors (descriptors into W's ring), small metadata, optional frames
     W -> C  Failed     the job's one-line reason
     C -> W  Release    allocations the client no longer uses (W may reuse their space); a client may
@@ -59,6 +60,8 @@ class Hello(msgspec.Struct, frozen=True, tag="hello"):
     ring_name: str
     ring_size: int
     ready_ms: float = 0.0  # time from process start to this message
+    # It can read its client's memory (ipc.peer_memory), so Jobs may name their inputs there.
+    reads_in_place: bool = False
 
 
 class Job(msgspec.Struct, frozen=True, tag="job"):
@@ -71,6 +74,9 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     # with the Job), instead of payload frames (then frames == 0); the sender keeps them unchanged
     # until the job's answer arrives.
     inputs: list[tuple[int, int]] = []
+    # The inputs are (address, nbytes) in the sender's own memory instead, for the receiver to read
+    # in place (ipc.peer_memory); no descriptor comes with such a Job.
+    inputs_in_sender: bool = False
 
 
 class Done(msgspec.Struct, frozen=True, tag="done"):
@@ -144,5 +150,5 @@ def decode(frames: list) -> tuple[Message, list]:
     if len(payload) != expected or expected > MAX_FRAMES:
         raise WireError(f"{type(message).__name__} announces {expected} payload frame(s), got {len(payload)}")
     if isinstance(message, Job) and message.inputs and (message.frames or len(message.inputs) > MAX_FRAMES):
-        raise WireError(f"Job has {len(message.inputs)} ring input(s) and {message.frames} payload frame(s)")
+        raise WireError(f"Job has {len(message.inputs)} input place(s) and {message.frames} payload frame(s)")
     return message, payload

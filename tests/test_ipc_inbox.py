@@ -134,9 +134,11 @@ def test_malformed_records_are_dropped_and_their_descriptors_closed(pair):
     raw.sendmsg([encode(Release(0, []))], rights(fd))  # a descriptor with something other than a Job
     raw.sendmsg([encode(Job(2, 0, 10))], rights(fd, fd))  # more than one descriptor
     raw.send(b"\x00" * (MAX_RECORD_BYTES + 100))  # longer than any record
+    # A descriptor with a Job whose inputs are in the sender's memory: one of the two would be ignored.
+    raw.sendmsg([encode(Job(4, 0, 10, inputs=[(4096, 8)], inputs_in_sender=True))], rights(fd))
     assert inbox.send(Job(3, 0, 10))
     message, received = reader.recv(1000)
-    assert message.rid == 3 and received is None and reader.rejected == 5
+    assert message.rid == 3 and received is None and reader.rejected == 6
     os.close(fd)
     assert len(open_fds()) == len(fds_before) - 1  # every descriptor that came with a bad record is closed
 

@@ -48,7 +48,9 @@ def test_round_trip(message):
 def test_job_inputs_in_the_request_ring_replace_payload_frames():
     job = Job(3, 0, 5000, {"kinds": "b"}, [(64, 2)], [(0, 8), (64, 135000)])
     assert decode([encode(job)]) == (job, [])
-    with pytest.raises(WireError, match=r"Job has 2 ring input\(s\) and 1 payload frame\(s\)"):
+    in_sender = Job(3, 0, 5000, {"kinds": "b"}, [], [(140000000000000, 8)], inputs_in_sender=True)
+    assert decode([encode(in_sender)]) == (in_sender, [])
+    with pytest.raises(WireError, match=r"Job has 2 input place\(s\) and 1 payload frame\(s\)"):
         decode([encode(Job(3, 1, 0, inputs=[(0, 8), (64, 1)])), b"x"])
 
 

@@ -6,8 +6,11 @@ import gc
 import os
 import select
 import signal
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -296,26 +299,83 @@ def test_releases_a_stopped_worker_has_no_room_for_wait_and_none_is_lost(images)
         assert pool.stats().restarts == 0
 
 
-def test_inputs_reach_workers_through_the_request_ring_or_a_one_off_segment(images, tmp_path):
-    # 1 MiB of request ring: the 1080p JPEG (~0.3 MB) goes through it, 4 of them in one request
-    # cannot all fit and go in a one-off nameless segment; the outputs are the in-process driver's.
-    family = pipeline_from_spec(SPEC)
+def assert_same_as_in_process(reply, request: list) -> None:
+    expected = process(pipeline_from_spec(SPEC), MmInput([P] * len(request), request))
+    assert reply.ok, reply.error
+    np.testing.assert_array_equal(reply.input_ids, expected.input_ids)
+    for got, item in zip(reply.features, expected.items, strict=True):
+        np.testing.assert_array_equal(got, item.feature)
+
+
+def big_requests(images) -> list[list[bytes]]:
+    """Requests around a 1 MiB request ring: one that fits, and three that do not."""
     big = encode(photo_like(2000, 1500, seed=4), "PNG")
     assert len(big) > 1 << 20 > len(images["big"]) and 4 * len(images["big"]) > 1 << 20
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 256, "request_ring_mib": 1}) as small_ring:
+    return [[images["big"]], [images["big"]] * 4, [big], [images["jpeg"], big]]
+
+
+def test_inputs_reach_workers_through_the_request_ring_or_a_one_off_segment(images):
+    # Copied (inputs_in_place false): 1 MiB of request ring: the 1080p JPEG (~0.3 MB) goes through
+    # it, 4 of them in one request cannot all fit and go in a one-off nameless segment.
+    config = {"workers": 1, "ring_mib": 256, "request_ring_mib": 1, "inputs_in_place": False}
+    with WorkerPool(SPEC, config) as small_ring:
+        assert small_ring.stats().workers_reading_in_place == 0
         [worker] = small_ring.worker_pids()
-        for request in ([images["big"]], [images["big"]] * 4, [big], [images["jpeg"], big]):
+        for request in big_requests(images):
             reply = small_ring.process([P] * len(request), request)
-            expected = process(family, MmInput([P] * len(request), request))
-            assert reply.ok, reply.error
-            np.testing.assert_array_equal(reply.input_ids, expected.input_ids)
-            for got, item in zip(reply.features, expected.items, strict=True):
-                np.testing.assert_array_equal(got, item.feature)
+            assert_same_as_in_process(reply, request)
             reply.release()
             assert small_ring.stats().request_ring_used_bytes == 0
+        running = small_ring.submit([P], [images["big"]])
+        assert small_ring.stats().request_ring_used_bytes > 0  # while it runs, its inputs sit there
+        [reply] = wait_replies(small_ring, 1)
+        assert reply.request_id == running and reply.ok
+        reply.release()
         with open(f"/proc/{worker}/maps") as f:
             request_maps = [line.split()[1] for line in f if "-req-" in line]
         assert request_maps == ["r--s"]  # workers map the client's request ring read-only
+
+
+def test_workers_read_inputs_in_place_from_the_client(images):
+    # The default where the kernel allows it (here): nothing is copied on this side, whatever the size.
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 256, "request_ring_mib": 1}) as pool:
+        assert pool.stats().workers_reading_in_place == 1
+        for request in big_requests(images):
+            rid = pool.submit([P] * len(request), request)
+            assert pool.stats().request_ring_used_bytes == 0  # running, and nothing in the ring
+            [reply] = wait_replies(pool, 1)
+            assert reply.request_id == rid
+            assert_same_as_in_process(reply, request)
+            reply.release()
+
+
+# A scheduler stand-in whose memory its workers may not read: not dumpable, and (as root) its
+# children never get CAP_SYS_PTRACE, which would override that.
+UNREADABLE_CLIENT = """
+import ctypes, os, sys
+sys.path.insert(0, {root!r})
+libc = ctypes.CDLL(None, use_errno=True)
+if os.geteuid() == 0 and libc.prctl(24, 19, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_SYS_PTRACE
+    raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+    raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
+from mmworker import WorkerPool
+from mmworker.corpus import encode, photo_like
+with WorkerPool("qwen2_vl", {{"workers": 1, "ring_mib": 64}}) as pool:
+    reply = pool.process([151655], [encode(photo_like(640, 480, seed=1), "JPEG")])
+    print(pool.stats().workers_reading_in_place, reply.ok, reply.error, flush=True)
+    reply.release()
+"""
+
+
+def test_a_client_its_workers_may_not_read_gets_its_inputs_copied_and_a_warning():
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", UNREADABLE_CLIENT.format(root=root)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "None"]
+    assert "worker 0 cannot read the client's memory, so inputs are copied for it" in done.stderr
+    assert "EPERM (Operation not permitted)" in done.stderr
 
 
 def test_garbage_collected_pool_stops_its_processes(images):
@@ -446,6 +506,9 @@ def test_config_validation_and_plan(tmp_path):
     for bad in ("IDLE", "batch", None, 5):
         with pytest.raises(MmError, match='worker_sched must be "auto", "idle" or "normal"'):
             PoolConfig.from_any({"worker_sched": bad})
+    for key in ("ordered", "inputs_in_place"):
+        with pytest.raises(MmError, match=f"{key} must be true or false, got 'yes'"):
+            PoolConfig.from_any({key: "yes"})
     # "auto": idle where this process keeps a CPU without a worker (here the reserved ones), else normal.
     auto = PoolConfig.from_any({"cores": "0-15"}).plan(allowed=set(range(16)))
     assert auto.own_cpus == (0, 1) and auto.worker_sched == "idle"
@@ -457,9 +520,10 @@ def test_config_validation_and_plan(tmp_path):
     plan = PoolConfig.from_any({"cores": "0-15", "reserved_cores": None}).plan(allowed=set(range(16)))
     assert plan.reserved == (0, 1) and plan.workers == tuple(range(2, 16))  # SGLang's min(2, n // 4)
     toml = tmp_path / "pool.toml"
-    toml.write_text("workers = 1\nring_mib = 32\nordered = false\n")
+    toml.write_text("workers = 1\nring_mib = 32\nordered = false\ninputs_in_place = false\n")
     config = PoolConfig.from_any(str(toml))
     assert config.workers == 1 and config.ring_mib == 32 and config.ordered is False
+    assert config.inputs_in_place is False
     with pytest.raises(MmError, match="unknown mm family"):
         WorkerPool({"family": "llava"})
 

@@ -17,11 +17,14 @@ flight; `fileno()` becomes readable when a message arrives.
 Channels: jobs and releases go to each worker through its inbox (ipc.inbox), and its Hello and
 answers come back on the results channel (ipc.results): socket pairs this thread writes and reads
 itself, with no libzmq thread in between; the I/O process's traffic goes through ZeroMQ
-(ipc.channels). A dispatched job's input bytes (input_ids, images) are copied once into this
-process's request ring, which every worker maps read-only, and the Job carries their places: no
-image byte crosses a socket. They stay there until the job's answer arrives (or its worker is
-gone); a job whose inputs do not fit now gets a one-off nameless segment (memfd) of its own
-instead, whose descriptor travels with the Job and which ends with the worker's mapping.
+(ipc.channels). No image byte crosses a socket: the Job carries where a job's input bytes
+(input_ids, images) are, and the worker copies them straight out of this process's memory
+(ipc.peer_memory: no per-byte work here) where the kernel lets it, which each worker checks on a
+probe at start-up (`inputs_in_place`). Elsewhere they are copied once into this process's request
+ring, which every worker maps read-only, and a job whose inputs do not fit there now gets a
+one-off nameless segment (memfd) of its own instead, whose descriptor travels with the Job and
+which ends with the worker's mapping. Either way they stay where they are, unchanged, until the
+job's answer arrives (or its worker is gone).
 
 Exactly one reply per request, whatever happens: rejected at submit ("queue full", budgets), by a
 worker (its MmError), by the I/O process (fetch errors), "worker crashed", "deadline exceeded",
@@ -55,6 +58,7 @@ import numpy as np
 from ipc.channels import Router, RuntimeDir, new_context
 from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError
 from ipc.inbox import Inbox
+from ipc.peer_memory import places_of
 from ipc.results import ResultsChannel
 from ipc.ring import ALIGN, Allocation, RingReader, RingWriter
 from ipc.segment import Segment, new_name, sweep_stale
@@ -99,13 +103,14 @@ class PoolStats:
     shm_held_bytes: int
     shm_peak_held_bytes: int
     request_ring_used_bytes: int  # the request ring's space held by the inputs of running jobs
+    workers_reading_in_place: int  # ready workers that read job inputs straight from this process's memory
 
 
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
-    __slots__ = ("core", "identity", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid", "segment",
-                 "started")  # fmt: skip
+    __slots__ = ("core", "identity", "in_place", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid",
+                 "segment", "started")  # fmt: skip
 
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
@@ -117,7 +122,9 @@ class _Slot:
         self.rid: int | None = None
         self.started = 0.0
         self.pending: list[tuple[int, int]] = []  # released allocations not yet sent (see WorkerPool._release)
-        self.inputs: Allocation | None = None  # its running job's inputs in the request ring
+        # Its running job's inputs: their request-ring allocation, or the exports that keep them in place.
+        self.inputs: Allocation | list[np.ndarray] | None = None
+        self.in_place = False  # it reads job inputs from this process's memory (its Hello said so)
 
     @property
     def ready(self) -> bool:
@@ -231,6 +238,8 @@ class WorkerPool:
         self._next_check = 0.0
         self._deadline_ms = int(self.config.deadline_s * 1000)
         self._held_bytes = 0  # shared memory held by replies not yet released
+        # What each worker reads back at start-up to learn whether it can read this process's memory.
+        self._probe = os.urandom(32) if self.config.inputs_in_place else None
         self._peak_held_bytes = 0
         try:
             self._start()
@@ -305,7 +314,7 @@ class WorkerPool:
     def _start_worker(self, slot: _Slot) -> None:
         slot.incarnation += 1
         # Not ready until its Hello; replies still viewing the old ring keep that (read-only) mapping alive.
-        slot.reader, slot.rid, slot.pending = None, None, []
+        slot.reader, slot.rid, slot.pending, slot.in_place = None, None, [], False
         self._by_identity.pop(slot.identity, None)
         slot.identity = f"w{slot.index}.{slot.incarnation}".encode()
         self._by_identity[slot.identity] = slot
@@ -320,7 +329,10 @@ class WorkerPool:
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": self.config.image_cpu_s,
-                "nice": self.config.worker_nice, "sched": self.plan.worker_sched}  # fmt: skip
+                "nice": self.config.worker_nice, "sched": self.plan.worker_sched, "probe": None}  # fmt: skip
+        if self._probe is not None:
+            _, [(address, _)] = places_of([self._probe])
+            args["probe"] = [address, self._probe.hex()]
         slot.started = time.monotonic()
         slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd, inbox_fd))
         inbox.handed_over()  # only the worker holds its end now: its exit shows as ChannelClosed
@@ -488,6 +500,7 @@ class WorkerPool:
             cold_start_ms=tuple(self._cold_start), shm_held_bytes=self._held_bytes,
             shm_peak_held_bytes=self._peak_held_bytes,
             request_ring_used_bytes=self._res.requests.stats().used if self._res.requests is not None else 0,
+            workers_reading_in_place=sum(s.ready and s.in_place for s in self._slots),
         )  # fmt: skip
 
     def worker_pids(self) -> list[int]:
@@ -556,6 +569,7 @@ class WorkerPool:
 
     def _on_hello(self, slot: _Slot, hello: Hello) -> None:
         slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)
+        slot.in_place = hello.reads_in_place and self._probe is not None
         self._retire(slot)  # both sides have mapped it: from now on it cannot leak
         self._cold_start.append((time.monotonic() - slot.started) * 1e3)
         self._idle[slot.index] = slot
@@ -680,16 +694,18 @@ class WorkerPool:
         """Hand queued requests to idle workers, the longest idle first, while there are both."""
         while self._queue and self._idle:
             req = self._queue[0]
+            index = next(iter(self._idle))
+            slot = self._idle[index]
             handed_over = time.monotonic()  # before the send: the worker may begin before it returns
             try:
-                staged, fd, places = self._stage((req.ids, *req.frames))
+                staged, fd, places = self._stage(slot, (req.ids, *req.frames))
             except IpcError as exc:  # not even a one-off segment could be had
                 self._queue.popleft()
                 self._reject(req, f"request inputs not staged: {exc}")
                 continue
-            index, slot = self._idle.popitem(last=False)
+            del self._idle[index]
             released = slot.pending[:_RELEASES_PER_RECORD]
-            job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(req.kinds)}, released, places)
+            job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(req.kinds)}, released, places, slot.in_place)
             try:
                 sent = self._res.inboxes[index].send(job, fd)
             except ChannelClosed:  # it died after its last answer; its process handle tells the rest
@@ -714,14 +730,19 @@ class WorkerPool:
             req.deadline = handed_over + self.config.deadline_s
             self._flush_releases(slot)  # any the Job had no room for
 
-    def _stage(self, frames: tuple) -> tuple[Allocation | None, int | None, list[tuple[int, int]]]:
-        """Copy a job's inputs to where its worker reads them, each 64-byte aligned as a reader's
-        view must be: one allocation of the request ring, or, when the ring has no room now, a
+    def _stage(self, slot: _Slot, frames: tuple) -> tuple[Allocation | list[np.ndarray] | None, int | None, list]:
+        """Where `slot`'s worker reads a job's inputs: in place, where they are (nothing is copied;
+        the exports returned keep them there), or copied, each 64-byte aligned as a reader's view
+        must be, into one allocation of the request ring, or, when the ring has no room now, into a
         one-off nameless segment of their own, whose descriptor goes with the Job (the caller
         closes it once sent) and whose memory ends with the worker's mapping of it.
 
-        Returns (the allocation or None, the descriptor or None, each input's (offset, nbytes)).
+        Returns (what holds them: the exports, the allocation or None; the descriptor or None;
+        each input's (address or offset, nbytes)).
         """
+        if slot.in_place:
+            exports, places = places_of(frames)
+            return exports, None, places
         spans = [-(-memoryview(frame).nbytes // ALIGN) * ALIGN for frame in frames]
         size = max(ALIGN, sum(spans))
         ring = self._res.requests
@@ -743,9 +764,10 @@ class WorkerPool:
             segment.close()  # the descriptor keeps the memory
         return None, fd, places
 
-    def _free(self, allocation: Allocation | None) -> None:
-        if allocation is not None:
-            self._res.requests.release(allocation.offset, allocation.seq)
+    def _free(self, held: Allocation | list[np.ndarray] | None) -> None:
+        """Let go of a job's inputs (what `_stage` returned): an allocation goes back to the ring."""
+        if isinstance(held, Allocation):
+            self._res.requests.release(held.offset, held.seq)
 
     def _free_inputs(self, slot: _Slot) -> None:
         self._free(slot.inputs)

@@ -8,8 +8,11 @@ From a dict or a TOML file (every key optional):
                               # min(2, len // 4) when there are >= 4 cores, else 0)
     io_core = 1               # where the I/O process runs; default: floats over the non-worker cores
     ring_mib = 256            # shared-memory ring per worker (features of in-flight + unreleased replies)
-    request_ring_mib = 64     # the client's ring for running jobs' input bytes (a job that does not fit
-                              # sends them through ZeroMQ instead)
+    inputs_in_place = true    # workers copy a job's input bytes straight out of this process's memory
+                              # (process_vm_readv: no per-byte work here) where the kernel allows it (same
+                              # user; Yama ptrace_scope 0), checked at start-up; else, or with false:
+    request_ring_mib = 64     # the client's ring they are copied into (a job that does not fit gets a
+                              # one-off segment instead)
     queue_depth = 256         # requests in flight (queued + fetching + running + unread); beyond: "queue full"
     deadline_s = 60           # per request, from dispatch to a worker; past it: "deadline exceeded"
     image_cpu_s = 30          # CPU seconds per image a worker may spend on a request (then it rejects it)
@@ -106,6 +109,7 @@ class PoolConfig:
     reserved_cores: int | None = None
     io_core: int | None = None
     ring_mib: int = 256
+    inputs_in_place: bool = True
     request_ring_mib: int = 64
     queue_depth: int = 256
     deadline_s: float = 60.0
@@ -163,8 +167,9 @@ class PoolConfig:
         nice = self.worker_nice
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise MmError(f"pool config: worker_nice must be an int from 0 to 19, got {self.worker_nice!r}")
-        if not isinstance(self.ordered, bool):
-            raise MmError(f"pool config: ordered must be true or false, got {self.ordered!r}")
+        for name in ("ordered", "inputs_in_place"):
+            if not isinstance(getattr(self, name), bool):
+                raise MmError(f"pool config: {name} must be true or false, got {getattr(self, name)!r}")
         self.media_policy()  # raises on a bad [media] table
 
     def media_policy(self) -> MediaPolicy:

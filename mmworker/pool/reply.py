@@ -37,7 +37,7 @@ class Reply:
     # Where an accepted request's time went; latency_ms = queued + to_worker + busy + returned.
     latency_ms: float = 0.0  # submit -> reply ready
     queued_ms: float = 0.0  # submit -> handed to a worker (waiting for I/O or an idle worker)
-    to_worker_ms: float = 0.0  # handed over -> the worker began (ZeroMQ, the worker waking up)
+    to_worker_ms: float = 0.0  # handed over -> the worker began (its inbox, the worker waking up)
     busy_ms: float = 0.0  # time the worker spent on it
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released

@@ -4,15 +4,18 @@ Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interp
 of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
 
     {"inbox_fd": fd, "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
-     "ring": name, "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s}
+     "ring": name, "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s,
+     "probe": [address, hex] | null}
 
 Jobs, releases and Stop arrive in its inbox (`inbox_fd`, ipc.inbox); Hello and each job's answer
 go back through `results_fd` (ipc.results). Neither uses ZeroMQ, so the process has exactly one
-thread. A job's input bytes are read in place from the client's request ring (`requests_fd`,
+thread. A job's input bytes are copied straight out of the client's own memory (ipc.peer_memory),
+if the client asked for that with a probe (its address and bytes) and the probe read back, which
+its Hello reports; else they are read in place from the client's request ring (`requests_fd`,
 read-only), or, when they did not fit there, from the one-off descriptor that came with the Job.
 
 Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
-a tiny image -> map the ring -> Hello -> then one job at a time:
+a tiny image -> map the ring -> try the probe -> Hello -> then one job at a time:
 
     Job(rid, inputs = places of [input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
@@ -35,6 +38,7 @@ import numpy as np
 
 from ipc.errors import ChannelClosed, IpcError
 from ipc.inbox import InboxReader
+from ipc.peer_memory import PeerMemory
 from ipc.results import ResultSender
 from ipc.ring import RingReader, RingWriter
 from ipc.segment import Segment
@@ -70,8 +74,23 @@ class Worker:
         self.results = ResultSender(int(args["results_fd"]), identity)
         self.inbox = InboxReader(int(args["inbox_fd"]))
         self.stopping = False
+        self.client_memory = self._client_memory(int(args["parent"]), args.get("probe"))
         ready_ms = (time.monotonic() - self.started) * 1e3
-        self.results.send(Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms))
+        hello = Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms,
+                      reads_in_place=self.client_memory is not None)  # fmt: skip
+        self.results.send(hello)
+
+    def _client_memory(self, parent: int, probe: list | None) -> PeerMemory | None:
+        """A reader of the client's memory if it asked for one and the probe reads back (else None:
+        its jobs' inputs then come in the request ring)."""
+        if probe is None:
+            return None
+        memory = PeerMemory(parent)
+        why = memory.check(int(probe[0]), bytes.fromhex(probe[1]))
+        if why is not None:
+            log.warning("worker %d cannot read the client's memory, so inputs are copied for it: %s", self.id, why)
+            return None
+        return memory
 
     def _warm_up(self) -> None:
         # Loads every kernel a request touches (from numba's on-disk cache after the first run),
@@ -172,7 +191,15 @@ class Worker:
             self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}"))
 
     def _compute(self, job: Job, inputs: RingReader, alloc, allocations, t0: float) -> Done:
-        buffers = [inputs.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
+        if not job.inputs_in_sender:
+            buffers = [inputs.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
+        elif self.client_memory is None:
+            raise MmError("malformed job: its inputs are in the client's memory, which this worker does not read")
+        else:
+            try:
+                buffers = self.client_memory.read(job.inputs)
+            except IpcError as exc:
+                raise IpcError(f"internal error: job inputs not read from the client: {exc}") from exc
         if not buffers or len(buffers[0]) % 8:
             raise MmError(f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them")
         ids = np.frombuffer(buffers[0], dtype="<i8")
