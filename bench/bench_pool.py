@@ -24,8 +24,9 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
    earlier requests);
 4. (no verdict) the floor: bare sockets in the same shape at the same load, with jobs that stream
    memory for the pool's median in-worker time (bench/zmq_floor.py), with the pool's transport
-   (jobs on each worker's SOCK_SEQPACKET pair, replies on a shared one), with jobs through ZeroMQ
-   instead (the pool's transport before ipc.inbox) and all ZeroMQ: overhead and client CPU that
+   (inputs left in place, jobs on each worker's SOCK_SEQPACKET pair, replies on a shared one), with
+   inputs copied to shared memory and jobs through ZeroMQ instead (the pool's transport before
+   ipc.inbox and ipc.peer_memory) and all ZeroMQ: overhead and client CPU that
    the transport and waking up cost here before the pool adds anything, in the same two parts;
 5. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
    its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
@@ -287,6 +288,7 @@ def main() -> int:
     service_s = 2 / throughput[2]  # one request on one worker, as the closed loop saw it
     think_s = service_s * (1 / LOAD - 1)
     with WorkerPool(spec, {**base, "workers": 2}) as pool:
+        in_place = pool.stats().workers_reading_in_place
         closed_loop(pool, data, 1.0, 4)
         samples, cpu_ms, process_cpu_ms, elapsed = thinking_callers(pool, data, args.seconds, 2, think_s)
         fd_samples, fd_cpu_ms, _, _ = thinking_callers(pool, data, args.seconds, 2, think_s, on_fd=True)
@@ -296,7 +298,8 @@ def main() -> int:
     over50, over99 = percentile(over, 0.5), percentile(over, 0.99)
     print(
         f"\nclosed loop at {LOAD:.0%} load: 2 callers, one request in flight each, pausing {think_s * 1e3:.1f} ms "
-        f"on average between a reply and the next request; the workers were busy {busy_share:.0%} of the time"
+        f"on average between a reply and the next request; the workers were busy {busy_share:.0%} of the time; "
+        f"{in_place} of 2 read their inputs in place (ipc.peer_memory), the rest get them copied"
     )
     print(f"  {len(samples)} replies: latency p50 {lat50:.2f} / p99 {lat99:.2f} ms; overhead (latency - in-worker "
           f"time) p50 {over50:.2f} / p99 {over99:.2f} ms; client CPU {cpu_ms:.3f} ms per request (in submit, "
@@ -350,8 +353,9 @@ def main() -> int:
         print(f"  {name:<18} {'':>33} {percentile(floor, 0.5):14.2f}ms {percentile(floor, 0.99):6.2f}ms "
               f"{'':>32} {floor_cpu:13.3f}ms")  # fmt: skip
     print(
-        f"  (floors: open loop, Poisson, same load, {work_ms:.1f} ms jobs, no pool logic; pool: jobs on each "
-        "worker's SOCK_SEQPACKET pair, replies on a shared one; zmq jobs: jobs through ZeroMQ instead; all zmq)"
+        f"  (floors: open loop, Poisson, same load, {work_ms:.1f} ms jobs, no pool logic; pool: inputs in place, jobs "
+        "on each worker's SOCK_SEQPACKET pair, replies on a shared one; zmq jobs: inputs copied, jobs through "
+        "ZeroMQ; all zmq)"
     )
     print("\noverhead excluding the wait for a worker, in its two parts, p50 / p99 (ms): to the worker = "
           "handed over -> the worker began; back = the worker finished -> the reply is ready "

@@ -6,11 +6,13 @@ idle worker only, Poisson arrivals, the same request bytes (the encoded image) a
 A job is "work" that streams memory the way a worker writing pixel_values does (refilling a
 22.5 MB array) for a given time. Three transports (TRANSPORTS):
 
-- "pool": the pool's own. The request bytes are copied into a shared-memory buffer (as into the
-  request ring), the job (a small record) goes on the worker's own SOCK_SEQPACKET pair (ipc.inbox's
-  shape), the reply on one SOCK_SEQPACKET pair all workers share (ipc.results's shape);
-- "zmq jobs": the same, but the job goes through a ZeroMQ ROUTER to the worker's DEALER (the
-  pool's transport before ipc.inbox);
+- "pool": the pool's own. The request bytes stay where they are (a pool worker reads them in
+  place, ipc.peer_memory: no work on this side), the job (a small record) goes on the worker's own
+  SOCK_SEQPACKET pair (ipc.inbox's shape), the reply on one SOCK_SEQPACKET pair all workers share
+  (ipc.results's shape);
+- "zmq jobs": the request bytes are copied into a shared-memory buffer (as into the request ring),
+  and the job goes through a ZeroMQ ROUTER to the worker's DEALER (the pool's transport before
+  ipc.inbox and ipc.peer_memory);
 - "all zmq": job and request bytes through ZeroMQ, the reply too (the pool's first design).
 
 What this measures (overhead = reply latency minus work, client CPU per request, libzmq's I/O
@@ -155,10 +157,10 @@ class _Loop:
         if self.transport == "all zmq":
             self.router.send_multipart([identity, job, payload])
             return
-        self.staged[: len(payload)] = np.frombuffer(payload, np.uint8)  # the copy into the request ring
         if self.transport == "pool":
             self.inboxes[identity].send(job)
         else:
+            self.staged[: len(payload)] = np.frombuffer(payload, np.uint8)  # the copy into the request ring
             self.router.send_multipart([identity, job])
 
     def run(self, idle: deque, payload: bytes, work_ms: float, rate: float, seconds: float) -> tuple:
