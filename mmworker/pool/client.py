@@ -238,9 +238,9 @@ class WorkerPool:
         self._next_check = 0.0
         self._deadline_ms = int(self.config.deadline_s * 1000)
         self._held_bytes = 0  # shared memory held by replies not yet released
+        self._peak_held_bytes = 0
         # What each worker reads back at start-up to learn whether it can read this process's memory.
         self._probe = os.urandom(32) if self.config.inputs_in_place else None
-        self._peak_held_bytes = 0
         try:
             self._start()
         except IpcError as exc:  # e.g. /dev/shm too small for the rings: a start-up failure, said clearly
