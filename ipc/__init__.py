@@ -9,6 +9,7 @@
 | `records` | wire messages as SOCK_SEQPACKET records: size limit, adopting an inherited end, receiving |
 | `inbox` | a worker's inbox: what its client sends it, on a SOCK_SEQPACKET pair of its own (with a descriptor) |
 | `results` | workers' answers to their client on one shared SOCK_SEQPACKET pair, past libzmq's threads |
+| `peer_memory` | reading another process's buffers in place (process_vm_readv); whether the kernel allows it |
 | `lifeline` | children that die with their parent |
 | `errors` | the `IpcError` family |
 

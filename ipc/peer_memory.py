@@ -5,13 +5,13 @@ The owner of the bytes (the pool's client) sends only where they are, `places_of
 answered; the exports `places_of` returns also stop a bytearray from being resized (and its
 memory moved) meanwhile. The reader (a worker) copies them with one process_vm_readv(2) into its
 own memory: the owner does no per-byte work at all, where copying them into shared memory cost
-it ~18 us per 135 KB image on the dev VM (and ~0.1 ms per 1.5 MB one).
+it ~18 us of CPU per 135 KB on the dev VM (and ~0.1 ms per 1.5 MB).
 
 The kernel allows this only where the reader may ptrace the owner: the same user, and with Yama
 (`kernel.yama.ptrace_scope`) at 0; at 1 (Ubuntu's default) only a process's ancestors may, so a
 child cannot read its parent. `PeerMemory.check` finds that out once, on a probe buffer, so the
-owner can fall back to copying before any real read fails. Also the same technique MPI
-implementations use for large messages between processes of one node (Open MPI's "CMA").
+owner can fall back to copying before any real read fails. MPI implementations move large
+messages between the processes of one node the same way (Open MPI's "CMA").
 """
 
 import ctypes

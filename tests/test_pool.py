@@ -17,6 +17,8 @@ import pytest
 from httpserver import MediaServer
 from processes import ended, open_fds, segments_of
 
+import mmworker.pool.client as pool_client
+from ipc.peer_memory import places_of
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
@@ -349,8 +351,9 @@ def test_workers_read_inputs_in_place_from_the_client(images):
             reply.release()
 
 
-# A scheduler stand-in whose memory its workers may not read: not dumpable, and (as root) its
-# children never get CAP_SYS_PTRACE, which would override that.
+# A scheduler stand-in whose memory its workers may not read: not dumpable (that stops readers of
+# the same user) and, as root, its children never get CAP_SYS_PTRACE (which would override that;
+# without it they also lack capabilities the client has, which denies them as well).
 UNREADABLE_CLIENT = """
 import ctypes, os, sys
 sys.path.insert(0, {root!r})
@@ -376,6 +379,23 @@ def test_a_client_its_workers_may_not_read_gets_its_inputs_copied_and_a_warning(
     assert done.stdout.split() == ["0", "True", "None"]
     assert "worker 0 cannot read the client's memory, so inputs are copied for it" in done.stderr
     assert "EPERM (Operation not permitted)" in done.stderr
+
+
+def test_a_read_that_fails_rejects_the_request_naming_the_cause(images, monkeypatch):
+    # The kernel refuses a read after start-up (here: a Job that names an unmapped address).
+    def unmapped(frames):
+        exports, places = places_of(frames)
+        return exports, [(4096, n) for _, n in places]
+
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
+        monkeypatch.setattr(pool_client, "places_of", unmapped)
+        reply = pool.process([P], [images["small"]])
+        assert not reply.ok
+        assert reply.error.startswith("internal error: job inputs not read from the client: process ")
+        assert "process_vm_readv read 0 of " in reply.error and reply.error.endswith("EFAULT (Bad address)")
+        monkeypatch.undo()
+        with pool.process([P], [images["small"]]) as after:  # the worker stays and serves
+            assert after.ok and pool.stats().restarts == 0
 
 
 def test_garbage_collected_pool_stops_its_processes(images):
