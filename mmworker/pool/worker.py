@@ -169,11 +169,13 @@ class Worker:
         # CPU budget: image_cpu_s of CPU per image, then BudgetExceeded strikes between two
         # bytecodes of the computation (a long C call finishes first; the pool's wall-clock
         # deadline covers hangs). Never outside it (mmworker.pool.cpu_budget), so never in a send,
-        # which could deliver a Done whose memory the failure path then frees.
+        # which could deliver a Done whose memory the failure path then frees. Getting the input
+        # bytes is not part of it (copying them is bounded work, as it was on the client's side).
         images = len(job.inputs) - 1  # after the input_ids
         try:
+            buffers = self._inputs(job, inputs)
             answer = self.budget.run(
-                self.image_cpu_s * max(1, images), lambda: self._compute(job, inputs, alloc, allocations, t0)
+                self.image_cpu_s * max(1, images), lambda: self._compute(job, buffers, alloc, allocations, t0)
             )
         except (BudgetExceeded, MmError, IpcError) as exc:
             answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3)
@@ -190,16 +192,19 @@ class Worker:
             self._free(allocations)
             self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}"))
 
-    def _compute(self, job: Job, inputs: RingReader, alloc, allocations, t0: float) -> Done:
+    def _inputs(self, job: Job, inputs: RingReader) -> list[memoryview]:
+        """The job's input bytes: views of the request ring (or of its one-off segment), or read
+        out of the client's memory."""
         if not job.inputs_in_sender:
-            buffers = [inputs.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
-        elif self.client_memory is None:
+            return [inputs.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
+        if self.client_memory is None:
             raise MmError("malformed job: its inputs are in the client's memory, which this worker does not read")
-        else:
-            try:
-                buffers = self.client_memory.read(job.inputs)
-            except IpcError as exc:
-                raise IpcError(f"internal error: job inputs not read from the client: {exc}") from exc
+        try:
+            return self.client_memory.read(job.inputs)
+        except IpcError as exc:
+            raise IpcError(f"internal error: job inputs not read from the client: {exc}") from exc
+
+    def _compute(self, job: Job, buffers: list[memoryview], alloc, allocations, t0: float) -> Done:
         if not buffers or len(buffers[0]) % 8:
             raise MmError(f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them")
         ids = np.frombuffer(buffers[0], dtype="<i8")
