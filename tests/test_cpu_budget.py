@@ -2,8 +2,11 @@
 
 import re
 import signal
+import sys
 import time
 
+import numba
+import numpy as np
 import pytest
 from PIL import JpegImagePlugin
 
@@ -110,3 +113,37 @@ def test_a_budget_striking_in_pillows_open_names_the_image_not_a_decode_error(bu
     data = encode(photo_like(64, 48, seed=1), "JPEG")
     with pytest.raises(BudgetExceeded, match=f"^image 0: {re.escape(MESSAGE)}$"):
         budget.run(30.0, lambda: process(family, MmInput([151655], [data])))
+
+
+@numba.njit(cache=True)
+def _spin_then_new_arrays(iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    total = 0.0
+    for i in range(iterations):
+        total += (i % 7) * 0.5
+    bounds = np.zeros((2, 2), np.int32)
+    weights = np.full((2, 3), total)
+    return bounds, weights  # as mmworker.common.resample.axis_weights does
+
+
+def test_an_expiry_during_a_numba_call_strikes_after_it_not_inside_numbas_callbacks(budget):
+    # Returning new arrays from nopython code calls back into Python (numba.core.serialize's
+    # _numba_unpickle, for each dtype): the first bytecode after a long kernel is there, and an
+    # exception raised in it reached numba's C code, which then swallowed it (the job ran on past
+    # its budget) or turned it into a SystemError ("returned a result with an exception set").
+    _spin_then_new_arrays(10)  # compiled (or loaded from the cache) before the budget starts
+    iterations = 1
+    while True:  # enough work to take ~50 ms of CPU: the timer expires inside the kernel
+        started = time.process_time()
+        _spin_then_new_arrays(iterations)
+        if time.process_time() - started > 0.05:
+            break
+        iterations *= 2
+    for _ in range(5):
+        with pytest.raises(BudgetExceeded, match=f"^{re.escape(MESSAGE)}$"):
+            budget.run(0.002, lambda: [_spin_then_new_arrays(iterations) for _ in range(3)])
+        assert blocked() and signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0)
+        assert sys.gettrace() is None  # the strike that waited for a line left no tracing behind
+    # A job whose last act is the kernel is struck as the kernel's caller returns.
+    with pytest.raises(BudgetExceeded, match=f"^{re.escape(MESSAGE)}$"):
+        budget.run(0.002, lambda: _spin_then_new_arrays(iterations))
+    assert sys.gettrace() is None and burn(0.01) > 0
