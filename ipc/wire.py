@@ -15,7 +15,7 @@ payload frames the header announces. Tensor descriptors are checked again, again
 bounds, by `ipc.ring.RingReader.view` before any view exists.
 
 Message flow (C = client, W = worker):
-    W -> C  Hello      after start-up: which ring it writes, its pid
+    W -> C  Hello      after start-up: which ring it writes, its pid, whether it can read C's memory
     C -> W  Job        one unit of work + `frames` payload frames, or its `inputs` in C's request ring
                        (or in the descriptor that came with it, or in C's own memory for W to read in
                        place) (+ releases, piggybacked: see Release)
