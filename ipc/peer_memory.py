@@ -68,22 +68,21 @@ class PeerMemory:
         longer: memory still viewed is never reused). IpcError names the cause if the read fails."""
         if len(places) > MAX_PLACES:
             raise IpcError(f"process {self.pid}: {len(places)} buffers to read, at most {MAX_PLACES} at once")
-        sizes = [int(nbytes) for _, nbytes in places]
-        if any(n < 0 for n in sizes):
+        spans = [(int(address), int(nbytes)) for address, nbytes in places]
+        if any(n < 0 for _, n in spans):
             raise IpcError(f"process {self.pid}: a negative buffer size in {list(places)}")
-        total = sum(sizes)
+        total = sum(n for _, n in spans)
         target = self._target(total)
-        spans = [(int(address), n) for (address, _), n in zip(places, sizes, strict=True)]
-        remote = (_Iovec * max(1, len(spans)))(*spans)
-        local = _Iovec(target.ctypes.data, total)
-        got = self._readv(self.pid, ctypes.byref(local), 1, remote, len(places), 0) if total else 0
-        if got != total:
-            code = ctypes.get_errno() if got < 0 else 0
-            why = f"{errno.errorcode.get(code, code)} ({os.strerror(code)})" if code else "a buffer ended early"
-            raise IpcError(f"process {self.pid}: process_vm_readv read {max(got, 0)} of {total} bytes: {why}")
+        if total:
+            remote = (_Iovec * len(spans))(*spans)
+            got = self._readv(self.pid, ctypes.byref(_Iovec(target.ctypes.data, total)), 1, remote, len(spans), 0)
+            if got != total:
+                code = ctypes.get_errno() if got < 0 else 0
+                why = f"{errno.errorcode.get(code, code)} ({os.strerror(code)})" if code else "a buffer ended early"
+                raise IpcError(f"process {self.pid}: process_vm_readv read {max(got, 0)} of {total} bytes: {why}")
         view = memoryview(target).toreadonly()
         out, at = [], 0
-        for n in sizes:
+        for _, n in spans:
             out.append(view[at : at + n])
             at += n
         return out

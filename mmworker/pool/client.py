@@ -569,7 +569,7 @@ class WorkerPool:
 
     def _on_hello(self, slot: _Slot, hello: Hello) -> None:
         slot.reader = RingReader(Segment.attach(slot.segment.name, writable=False), slot.index)
-        slot.in_place = hello.reads_in_place and self._probe is not None
+        slot.in_place = hello.reads_in_place  # only a worker given the probe can say so
         self._retire(slot)  # both sides have mapped it: from now on it cannot leak
         self._cold_start.append((time.monotonic() - slot.started) * 1e3)
         self._idle[slot.index] = slot
