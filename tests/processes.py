@@ -1,10 +1,24 @@
 """What the process and shared-memory tests check alike: the /dev/shm segments a process created,
-whether a process has ended (exited, or a zombie nobody has reaped yet), and its open fds."""
+whether a process has ended (exited, or a zombie nobody has reaped yet), its open fds, and making
+a child process one its own children may not read (process_vm_readv)."""
 
 import contextlib
 import os
 
 from ipc.segment import PREFIX, SHM_DIR
+
+# The start of a `python -c` script whose process its own children may not read: not dumpable
+# (that stops readers of the same user) and, as root, its children never get CAP_SYS_PTRACE (which
+# would override that; without it they also lack capabilities this process has, which denies them too).
+UNTRACEABLE = """
+import ctypes, os
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
+if os.geteuid() == 0 and _libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
+"""
 
 
 def segments_of(pid: int | None = None) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import UNTRACEABLE
 
 from ipc.errors import IpcError
 from ipc.peer_memory import MAX_PLACES, PeerMemory, places_of
@@ -27,24 +28,20 @@ except Exception as exc:
     print(json.dumps(str(exc)))
 """
 
-# An owner the reader may not trace: not dumpable, and (when this runs as root) its children never
-# get CAP_SYS_PTRACE, which would override that.
-DENYING_OWNER = """
-import ctypes, json, os, subprocess, sys
+# An owner the reader may not trace.
+DENYING_OWNER = (
+    UNTRACEABLE
+    + """
+import json, subprocess, sys
 sys.path.insert(0, {root!r})
 from ipc.peer_memory import places_of
-libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 4, 24, 19
-if os.geteuid() == 0 and libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
-    raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
-if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-    raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
 secret = b"not for the reader"
 exports, places = places_of([secret])
 out = subprocess.run([sys.executable, "-c", sys.argv[1], json.dumps([os.getpid(), places])],
                      capture_output=True, text=True, check=True).stdout
 print(out, end="")
 """
+)
 
 
 def read_in_child(pid: int, places: list) -> object:

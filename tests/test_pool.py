@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from httpserver import MediaServer
-from processes import ended, open_fds, segments_of
+from processes import UNTRACEABLE, ended, open_fds, segments_of
 
 import mmworker.pool.client as pool_client
 from ipc.peer_memory import places_of
@@ -351,17 +351,12 @@ def test_workers_read_inputs_in_place_from_the_client(images):
             reply.release()
 
 
-# A scheduler stand-in whose memory its workers may not read: not dumpable (that stops readers of
-# the same user) and, as root, its children never get CAP_SYS_PTRACE (which would override that;
-# without it they also lack capabilities the client has, which denies them as well).
-UNREADABLE_CLIENT = """
-import ctypes, os, sys
+# A scheduler stand-in whose memory its workers may not read.
+UNREADABLE_CLIENT = (
+    UNTRACEABLE
+    + """
+import sys
 sys.path.insert(0, {root!r})
-libc = ctypes.CDLL(None, use_errno=True)
-if os.geteuid() == 0 and libc.prctl(24, 19, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_SYS_PTRACE
-    raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
-if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
-    raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
 from mmworker import WorkerPool
 from mmworker.corpus import encode, photo_like
 with WorkerPool("qwen2_vl", {{"workers": 1, "ring_mib": 64}}) as pool:
@@ -369,6 +364,7 @@ with WorkerPool("qwen2_vl", {{"workers": 1, "ring_mib": 64}}) as pool:
     print(pool.stats().workers_reading_in_place, reply.ok, reply.error, flush=True)
     reply.release()
 """
+)
 
 
 def test_a_client_its_workers_may_not_read_gets_its_inputs_copied_and_a_warning():
