@@ -17,7 +17,7 @@ import pytest
 from httpserver import MediaServer
 from processes import UNTRACEABLE, ended, open_fds, segments_of
 
-import mmworker.pool.client as pool_client
+import mmworker.pool.inputs as pool_inputs
 from ipc.peer_memory import places_of
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
@@ -144,11 +144,29 @@ def test_rejections_name_the_cause(pool, images):
         "too many": ([P] * 65, [images["small"]] * 65, r"^multimodal request exceeds 64 media items$"),
         "missing file": ([P], ["/no/such/file.png"], r"^image 0: media fetch: /no/such/file.png"),
         "bad ids": (["x"], [images["small"]], r"input_ids must be integers"),
+        "images not a list": ([P], images["small"], r"^images must be a list of sources$"),
+        "not a source": ([P], [7], r"^image 0: source must be a string or bytes, got int$"),
+        "strided view": (
+            [P],
+            [memoryview(images["small"])[::2]],
+            r"^image 0: a memoryview source must be C-contiguous$",
+        ),
     }
     for name, (ids, sources, pattern) in cases.items():
         reply = pool.process(ids, sources)
         assert not reply.ok and reply.error, name
         assert __import__("re").search(pattern, reply.error), (name, reply.error)
+
+
+def test_a_request_id_is_refused_while_in_flight_and_free_again_once_answered(pool, images):
+    pool.submit([P], [images["small"]], request_id="a")
+    with pytest.raises(MmError, match=r"^request id 'a' is already in flight$"):
+        pool.submit([P], [images["small"]], request_id="a")
+    [reply] = wait_replies(pool, 1)
+    assert reply.request_id == "a" and reply.ok, reply.error
+    reply.release()
+    with pool.process([P], [images["small"]], request_id="a") as again:
+        assert again.ok and pool.stats().in_flight == 0
 
 
 def test_text_that_cannot_be_encoded_is_rejected_and_the_pool_keeps_serving(pool, images):
@@ -384,7 +402,7 @@ def test_a_read_that_fails_rejects_the_request_naming_the_cause(images, monkeypa
         return exports, [(4096, n) for _, n in places]
 
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
-        monkeypatch.setattr(pool_client, "places_of", unmapped)
+        monkeypatch.setattr(pool_inputs, "places_of", unmapped)
         reply = pool.process([P], [images["small"]])
         assert not reply.ok
         assert reply.error.startswith("internal error: job inputs not read from the client: process ")

@@ -2,11 +2,17 @@
 
 | module | owns |
 |---|---|
-| `client` | `WorkerPool`: processes, rings (workers', its request ring), queue, dispatch, ordered replies, restarts |
+| `client` | `WorkerPool`: the public face and the engine: queue, dispatch, results into replies, restarts |
+| `resources` | `PoolResources`: the OS resources of one pool (processes, sockets, segments) and their teardown |
+| `inputs` | a request's inputs: checked at submit, staged where its worker reads them, freed after |
+| `answers` | the replies owed, one per request, handed out in submission (or completion) order |
 | `worker` | the CPU worker process (driver.process into its shared-memory ring) |
+| `cpu_budget` | a worker's CPU budget per job (a CPU-time timer whose signal raises inside the job) |
 | `iostage` | the I/O process (pycurl multi: URLs and files before a request reaches a worker) |
 | `reply` | `Reply` (zero-copy views, release) and `to_sglang` |
 | `config` | `PoolConfig` (TOML or dict) and the core plan |
+| `child` | how every child process starts and stops (lifeline, pinning, scheduling class) |
+| `protocol` | what the pool's processes agree on beyond the ipc schema (identities, source kinds) |
 """
 
 from mmworker.pool.client import PoolStats, WorkerPool

@@ -32,50 +32,40 @@ worker (its MmError), by the I/O process (fetch errors), "worker crashed", "dead
 core with a fresh ring; replies still holding views into the old ring keep it mapped until released.
 
 Ownership: every OS resource (processes, sockets, segments, the runtime directory) belongs to one
-`_Resources` object, closed by `close()`, by garbage collection or at interpreter exit.
+`PoolResources` object (mmworker.pool.resources), closed by `close()`, by garbage collection or at interpreter exit.
 """
 
 import asyncio
 import collections
 import contextlib
 import itertools
-import json
 import logging
 import os
-import select
-import signal
 import subprocess
-import sys
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ipc.channels import Router, RuntimeDir, new_context
-from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError
-from ipc.inbox import Inbox
+from ipc.errors import ChannelClosed, IpcError
 from ipc.peer_memory import places_of
-from ipc.results import ResultsChannel
-from ipc.ring import ALIGN, Allocation, RingReader, RingWriter
-from ipc.segment import Segment, new_name, sweep_stale
+from ipc.ring import RingReader
+from ipc.segment import Segment, sweep_stale
 from ipc.wire import Done, Failed, Hello, Job, Release
-from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
-from mmworker.common.inline import decoded_size_estimate
 from mmworker.errors import MmError
+from mmworker.pool.answers import Answers
 from mmworker.pool.config import PoolConfig
-from mmworker.pool.protocol import IO_IDENTITY, KIND_BYTES, KIND_STRING, REQUEST_RING, needs_io
+from mmworker.pool.inputs import Held, InputStaging, RequestInputs, check_inputs, override_hashes
+from mmworker.pool.protocol import IO_IDENTITY
 from mmworker.pool.reply import Reply, ReplyItem
+from mmworker.pool.resources import PoolResources
 from mmworker.registry import pipeline_from_spec, spec_mapping
-from mmworker.runtime import tuned_environ
 
 log = logging.getLogger("mmworker.pool")
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-_STOP_GRACE_S = 2.0
 _COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool that runs for weeks must not grow
 # How often poll() looks for ended children (one poll(2) over their pidfds; waitpid only when one
 # ended) and overdue requests: often enough that a crash is answered within a few ms.
@@ -123,7 +113,7 @@ class _Slot:
         self.started = 0.0
         self.pending: list[tuple[int, int]] = []  # released allocations not yet sent (see WorkerPool._release)
         # Its running job's inputs: their request-ring allocation, or the exports that keep them in place.
-        self.inputs: Allocation | list[np.ndarray] | None = None
+        self.inputs: Held = None
         self.in_place = False  # it reads job inputs from this process's memory (its Hello said so)
 
     @property
@@ -133,75 +123,15 @@ class _Slot:
 
 
 class _Request:
-    __slots__ = ("cancelled", "deadline", "dispatched", "frames", "ids", "kinds", "mm_hashes", "raw_bytes",
-                 "request_id", "rid", "sources", "state", "submitted")  # fmt: skip
+    __slots__ = ("cancelled", "deadline", "dispatched", "inputs", "request_id", "rid", "state", "submitted")
 
     def __init__(self, rid: int, request_id: Any, submitted: float) -> None:
         self.rid, self.request_id, self.submitted = rid, request_id, submitted
         self.state = "new"
         self.cancelled = False
-        self.ids = b""
-        self.sources: list = []  # as submitted
-        self.frames: list = []  # what the worker gets per source: bytes as given, text UTF-8 encoded, fetched bytes
-        self.kinds: list[str] = []  # KIND_BYTES / KIND_STRING per frame
-        self.raw_bytes = 0  # bytes given directly (they count against the request's byte budget)
-        self.mm_hashes = None
+        self.inputs: RequestInputs | None = None  # once checked
         self.deadline = 0.0
         self.dispatched = 0.0
-
-
-class _Resources:
-    """The OS resources of one pool, closable from a finalizer (it holds no reference to the pool)."""
-
-    def __init__(self) -> None:
-        self.rundir: RuntimeDir | None = None
-        self.context = None
-        self.router: Router | None = None
-        self.results: ResultsChannel | None = None
-        self.inboxes: dict[int, Inbox] = {}  # per worker slot; replaced when its worker is
-        self.wake: select.epoll | None = None  # fileno(): readable when the router or the results are
-        self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
-        self.exits = select.poll()  # over the pidfds
-        self.segments: list[Segment] = []
-        self.requests: RingWriter | None = None  # the request ring (its segment is in `segments`)
-        self.requests_fd: int | None = None  # its read-only descriptor, inherited by every worker
-        self.closed = False
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for proc in self.pidfds:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_GRACE_S
-        for proc in self.pidfds:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for fd in self.pidfds.values():
-            os.close(fd)
-        self.pidfds.clear()
-        if self.wake is not None:
-            self.wake.close()
-        for inbox in self.inboxes.values():
-            inbox.close()
-        if self.results is not None:
-            self.results.close()
-        if self.router is not None:
-            self.router.close()
-        if self.context is not None:
-            self.context.term()
-        if self.requests_fd is not None:
-            os.close(self.requests_fd)
-        self.requests = None  # its array views the segment's memory, which close() then unmaps
-        for segment in self.segments:
-            segment.unlink()  # idempotent: a retired ring is unlinked already
-            segment.close()
-        if self.rundir is not None:
-            self.rundir.close()
 
 
 class WorkerPool:
@@ -221,16 +151,15 @@ class WorkerPool:
         self._spec = spec
         self.config = PoolConfig.from_any(config)
         self.plan = self.config.plan()
-        self._res = _Resources()
+        self._res = PoolResources()
         self._finalizer = weakref.finalize(self, self._res.close)
         self._rids = itertools.count(1)
         self._auto_ids = itertools.count(1)
         self._requests: dict[int, _Request] = {}
-        self._by_request_id: dict[Any, int] = {}
         self._queue: collections.deque[_Request] = collections.deque()
         self._idle: collections.OrderedDict[int, _Slot] = collections.OrderedDict()  # longest idle first
-        self._order: collections.deque[int] = collections.deque()
-        self._finished: dict[int, Reply] = {}
+        self._answers = Answers(self.config.ordered)
+        self._staging: InputStaging | None = None  # once the request ring exists
         self._stats = dict(submitted=0, accepted=0, rejected=0, restarts=0)
         self._cold_start: collections.deque[float] = collections.deque(maxlen=_COLD_STARTS_KEPT)
         self._io_ready = False
@@ -257,19 +186,8 @@ class WorkerPool:
         if removed:
             log.warning("removed %d shared-memory segment(s) left by dead pools", len(removed))
         res = self._res
-        res.rundir = RuntimeDir()
-        res.context = new_context()
-        res.router = Router(res.context, res.rundir.endpoint("work"))
-        res.results = ResultsChannel()
-        res.router.watch(res.results.fileno())
-        res.wake = select.epoll()
-        res.wake.register(res.router.fileno(), select.EPOLLIN)
-        res.wake.register(res.results.fileno(), select.EPOLLIN)
-        requests = Segment.create(new_name("req"), self.config.request_ring_mib << 20)
-        res.segments.append(requests)
-        res.requests_fd = requests.reader_fd()
-        requests.unlink()  # workers map the inherited descriptor: the name is not needed
-        res.requests = RingWriter(requests, REQUEST_RING)
+        res.open(self.config.request_ring_mib << 20)
+        self._staging = InputStaging(res.requests)
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
         self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
@@ -287,29 +205,12 @@ class WorkerPool:
             res.router.poll(50)
             self._receive(_FROM_ANY)
 
-    def _spawn(self, module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-        """Exec a fresh interpreter for a child (never a fork of this process); it pins itself."""
-        env = tuned_environ()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        command = [sys.executable, "-m", module, json.dumps(args)]
-        proc = subprocess.Popen(command, env=env, close_fds=True, pass_fds=pass_fds)
-        res = self._res
-        # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
-        for gone in [p for p in res.pidfds if p.returncode is not None]:
-            fd = res.pidfds.pop(gone)
-            res.exits.unregister(fd)
-            os.close(fd)
-        # Not reaped yet, so the pid cannot have been reused.
-        res.pidfds[proc] = os.pidfd_open(proc.pid)
-        res.exits.register(res.pidfds[proc], select.POLLIN)
-        return proc
-
     def _start_io(self) -> None:
         args = {"endpoint": self._res.router.endpoint, "parent": os.getpid(), "cores": list(self.plan.io),
                 "concurrency": self.config.io_concurrency,
                 "media": self.config.media_policy().to_mapping()}  # fmt: skip
         self._io_ready = False
-        self._io_proc = self._spawn("mmworker.pool.iostage", args)
+        self._io_proc = self._res.spawn("mmworker.pool.iostage", args)
 
     def _start_worker(self, slot: _Slot) -> None:
         slot.incarnation += 1
@@ -318,12 +219,8 @@ class WorkerPool:
         self._by_identity.pop(slot.identity, None)
         slot.identity = f"w{slot.index}.{slot.incarnation}".encode()
         self._by_identity[slot.identity] = slot
-        slot.segment = Segment.create(new_name(f"w{slot.index}"), self.config.ring_mib << 20)
-        self._res.segments.append(slot.segment)
-        old = self._res.inboxes.pop(slot.index, None)
-        if old is not None:
-            old.close()
-        inbox = self._res.inboxes[slot.index] = Inbox()
+        slot.segment = self._res.new_segment(f"w{slot.index}", self.config.ring_mib << 20)
+        inbox = self._res.new_inbox(slot.index)
         results_fd, requests_fd, inbox_fd = self._res.results.sender_fd, self._res.requests_fd, inbox.worker_fd
         args = {"inbox_fd": inbox_fd, "results_fd": results_fd, "requests_fd": requests_fd,
                 "worker": slot.index, "incarnation": slot.incarnation,
@@ -334,7 +231,7 @@ class WorkerPool:
             _, [(address, _)] = places_of([self._probe])
             args["probe"] = [address, self._probe.hex()]
         slot.started = time.monotonic()
-        slot.proc = self._spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd, inbox_fd))
+        slot.proc = self._res.spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd, inbox_fd))
         inbox.handed_over()  # only the worker holds its end now: its exit shows as ChannelClosed
 
     # --- the public face ---------------------------------------------------------------------------
@@ -356,28 +253,24 @@ class WorkerPool:
             raise MmError("pool closed: submit after close()")
         if request_id is None:
             request_id = next(self._auto_ids)
-        if request_id in self._by_request_id:
-            raise MmError(f"request id {request_id!r} is already in flight")
         req = _Request(next(self._rids), request_id, time.monotonic())
+        self._answers.owe(req.rid, request_id)
         self._requests[req.rid] = req
-        self._by_request_id[request_id] = req.rid
-        self._order.append(req.rid)
         self._stats["submitted"] += 1
         in_flight = len(self._requests) - 1
         if in_flight >= self.config.queue_depth:
             self._reject(req, f"queue full: {in_flight} requests in flight (queue_depth {self.config.queue_depth})")
             return request_id
-        error = self._prepare(req, input_ids, images, mm_hashes)
-        if error is not None:
-            self._reject(req, error)
+        try:
+            req.inputs = check_inputs(input_ids, images, mm_hashes)
+        except MmError as exc:
+            self._reject(req, str(exc))
             return request_id
-        io_indices = [i for i, s in enumerate(req.sources) if needs_io(s)]
-        if io_indices:
-            args = {"sources": [req.sources[i] for i in io_indices], "indices": io_indices,
-                    "budget": MAX_REQUEST_BYTES - req.raw_bytes}  # fmt: skip
+        io_job = req.inputs.io_job()
+        if io_job is not None:
             req.state = "io"
             try:
-                self._res.router.send(IO_IDENTITY, Job(req.rid, 0, 0, args))
+                self._res.router.send(IO_IDENTITY, Job(req.rid, 0, 0, io_job))
             except ChannelClosed:
                 self._reject(req, "I/O process unavailable")
         else:
@@ -386,43 +279,6 @@ class WorkerPool:
             self._dispatch()
         return request_id
 
-    def _prepare(self, req: _Request, input_ids, images, mm_hashes) -> str | None:
-        """Convert and check what is cheap to check here; the worker checks everything else."""
-        try:
-            ids = np.array(input_ids, dtype=np.int64).reshape(-1)  # a copy of its own: contiguous, kept unchanged
-        except (TypeError, ValueError, OverflowError) as exc:
-            return f"input_ids must be integers: {exc}"
-        if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
-            return "images must be a list of sources"
-        if len(images) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
-            return f"multimodal request exceeds {MAX_ITEMS_PER_REQUEST} media items"
-        total = raw = 0
-        frames, kinds = [], []  # built once here, not at every dispatch attempt
-        for i, source in enumerate(images):
-            if isinstance(source, str):
-                total += 0 if needs_io(source) else decoded_size_estimate(source)
-                try:
-                    frames.append(source.encode())
-                except UnicodeEncodeError as exc:
-                    return f"image {i}: source text is not valid Unicode ({exc.reason} at position {exc.start})"
-                kinds.append(KIND_STRING)
-            elif isinstance(source, (bytes, bytearray, memoryview)):
-                view = memoryview(source)
-                if not view.c_contiguous:
-                    return f"image {i}: a memoryview source must be C-contiguous"
-                raw += view.nbytes
-                frames.append(source)
-                kinds.append(KIND_BYTES)
-            else:
-                return f"image {i}: source must be a string or bytes, got {type(source).__name__}"
-        total += raw
-        if total > MAX_REQUEST_BYTES:
-            return f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes"
-        req.ids = ids
-        req.sources, req.frames, req.kinds, req.raw_bytes = list(images), frames, kinds, raw
-        req.mm_hashes = list(mm_hashes) if mm_hashes is not None else None
-        return None
-
     def poll(self, timeout: float = 0) -> list[Reply]:
         """Finished replies (submission order unless `ordered=False`), waiting up to `timeout` seconds for one."""
         deadline = time.monotonic() + max(0.0, timeout)
@@ -430,7 +286,7 @@ class WorkerPool:
         arrived = self._res.router.poll(0) if not self._res.closed else 0
         while True:
             self._pump(arrived)
-            ready = self._collect() if self._finished else []
+            ready = self._answers.ready()
             remaining = deadline - time.monotonic()
             if ready or remaining <= 0 or self._res.closed:
                 return ready
@@ -441,28 +297,28 @@ class WorkerPool:
         self, input_ids, images, *, request_id: Any = None, mm_hashes=None, timeout: float | None = None
     ) -> Reply:
         """Submit and wait for this request's reply (other requests' replies stay for `poll`)."""
-        rid = self._by_request_id.get(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
+        rid = self._answers.rid_of(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
         deadline = None if timeout is None else time.monotonic() + timeout
-        while rid not in self._finished:
+        while not self._answers.has(rid):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no reply within {timeout} s")
             self._pump()
-            if rid not in self._finished:
+            if not self._answers.has(rid):
                 self._res.router.poll(50)
-        return self._take(rid)
+        return self._answers.take(rid)
 
     async def aprocess(self, input_ids, images, *, request_id: Any = None, mm_hashes=None) -> Reply:
         """`process` for asyncio: waits on the pool's fd instead of blocking the loop."""
         loop = asyncio.get_running_loop()
-        rid = self._by_request_id.get(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
+        rid = self._answers.rid_of(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
         wake = asyncio.Event()
         fd = self.fileno()
         loop.add_reader(fd, wake.set)
         try:
             while True:
                 self._pump()
-                if rid in self._finished:
-                    return self._take(rid)
+                if self._answers.has(rid):
+                    return self._answers.take(rid)
                 wake.clear()
                 # One wake-up can stand for several messages (ZeroMQ's part of the fd is
                 # edge-triggered); the timeout keeps liveness and deadline checks going.
@@ -473,14 +329,12 @@ class WorkerPool:
 
     def cancel(self, request_id: Any) -> bool:
         """Reject a pending request with "aborted" and free what it held; False if unknown or delivered."""
-        rid = self._by_request_id.get(request_id)
+        rid = self._answers.rid_of(request_id)
         if rid is None:
             return False
         req = self._requests.get(rid)
         if req is None:  # finished, not yet delivered
-            reply = self._finished[rid]
-            reply.release()
-            self._finished[rid] = Reply(reply.request_id, False, "aborted", latency_ms=reply.latency_ms)
+            self._answers.abort(rid)
             return True
         if req.state == "queued":
             self._queue.remove(req)
@@ -499,7 +353,7 @@ class WorkerPool:
             rejected=self._stats["rejected"], in_flight=len(self._requests), queued=len(self._queue),
             cold_start_ms=tuple(self._cold_start), shm_held_bytes=self._held_bytes,
             shm_peak_held_bytes=self._peak_held_bytes,
-            request_ring_used_bytes=self._res.requests.stats().used if self._res.requests is not None else 0,
+            request_ring_used_bytes=self._staging.used_bytes() if self._staging is not None else 0,
             workers_reading_in_place=sum(s.ready and s.in_place for s in self._slots),
         )  # fmt: skip
 
@@ -517,6 +371,7 @@ class WorkerPool:
             if not req.cancelled:
                 self._reject(req, "pool closed")
         self._requests.clear()
+        self._staging = None  # its ring views the request ring's memory, which the finalizer unmaps
         self._finalizer()  # terminates the processes; nothing they hold is needed any more
         for slot in getattr(self, "_slots", ()):  # absent if start-up failed early
             # Unmapped now, or when the last reply still viewing the ring lets go of it.
@@ -603,7 +458,7 @@ class WorkerPool:
             return reader.view(d.offset, d.nbytes, d.dtype, d.shape)
 
         n_items = len(meta["offsets"])
-        hashes = _override_hashes([int(h) for h in meta["hashes"]], req.mm_hashes, req.request_id)
+        hashes = override_hashes([int(h) for h in meta["hashes"]], req.inputs.mm_hashes, req.request_id)
         auxes: list[dict[str, np.ndarray]] = [{} for _ in range(n_items)]
         for key, value in meta.items():
             if key.startswith("aux."):  # "aux.<item>.<name>"
@@ -640,15 +495,12 @@ class WorkerPool:
         if isinstance(message, Failed):
             self._reject(req, message.error)
             return
-        fetched = iter(payload)
-        for i, source in enumerate(req.sources):
-            if needs_io(source):
-                req.frames[i], req.kinds[i] = next(fetched), KIND_BYTES
+        req.inputs.fetched(payload)
         req.state = "queued"
         self._queue.append(req)
 
     def _check_processes(self) -> None:
-        ended = bool(self._res.exits.poll(0))  # one syscall; process handles are asked only then
+        ended = self._res.any_ended()  # one syscall; process handles are asked only then
         now = time.monotonic()
         for slot in self._slots:
             req = self._requests.get(slot.rid) if slot.rid is not None else None
@@ -686,9 +538,7 @@ class WorkerPool:
         """
         segment, slot.segment = slot.segment, None
         if segment is not None:
-            segment.unlink()
-            segment.close()
-            self._res.segments.remove(segment)
+            self._res.retire(segment)
 
     def _dispatch(self) -> None:
         """Hand queued requests to idle workers, the longest idle first, while there are both."""
@@ -698,14 +548,15 @@ class WorkerPool:
             slot = self._idle[index]
             handed_over = time.monotonic()  # before the send: the worker may begin before it returns
             try:
-                staged, fd, places = self._stage(slot, (req.ids, *req.frames))
+                inputs = req.inputs
+                staged, fd, places = self._staging.stage(slot.in_place, (inputs.ids, *inputs.frames))
             except IpcError as exc:  # not even a one-off segment could be had
                 self._queue.popleft()
                 self._reject(req, f"request inputs not staged: {exc}")
                 continue
             del self._idle[index]
             released = slot.pending[:_RELEASES_PER_RECORD]
-            job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(req.kinds)}, released, places, slot.in_place)
+            job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(inputs.kinds)}, released, places, slot.in_place)
             try:
                 sent = self._res.inboxes[index].send(job, fd)
             except ChannelClosed:  # it died after its last answer; its process handle tells the rest
@@ -714,7 +565,7 @@ class WorkerPool:
                 if fd is not None:
                     os.close(fd)  # the worker has its own copy now (or none is needed)
             if not sent:
-                self._free(staged)
+                self._staging.free(staged)
                 if sent is None:
                     continue
                 # Its inbox is full: it has not read the releases sent while it was busy yet (it
@@ -730,47 +581,8 @@ class WorkerPool:
             req.deadline = handed_over + self.config.deadline_s
             self._flush_releases(slot)  # any the Job had no room for
 
-    def _stage(self, slot: _Slot, frames: tuple) -> tuple[Allocation | list[np.ndarray] | None, int | None, list]:
-        """Where `slot`'s worker reads a job's inputs: in place, where they are (nothing is copied;
-        the exports returned keep them there), or copied, each 64-byte aligned as a reader's view
-        must be, into one allocation of the request ring, or, when the ring has no room now, into a
-        one-off nameless segment of their own, whose descriptor goes with the Job (the caller
-        closes it once sent) and whose memory ends with the worker's mapping of it.
-
-        Returns (what holds them: the exports, the allocation or None; the descriptor or None;
-        each input's (address or offset, nbytes)).
-        """
-        if slot.in_place:
-            exports, places = places_of(frames)
-            return exports, None, places
-        spans = [-(-memoryview(frame).nbytes // ALIGN) * ALIGN for frame in frames]
-        size = max(ALIGN, sum(spans))
-        ring = self._res.requests
-        try:
-            allocation = ring.try_allocate(size)
-        except AllocationTooLarge:
-            allocation = None
-        if allocation is not None:
-            return allocation, None, _copy_inputs(ring, allocation, frames, spans)
-        segment, fd = Segment.anonymous("inputs", size)
-        try:
-            one_off = RingWriter(segment, REQUEST_RING)
-            places = _copy_inputs(one_off, one_off.try_allocate(size), frames, spans)
-            del one_off  # its views of the segment, so that the close below unmaps it at once
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            segment.close()  # the descriptor keeps the memory
-        return None, fd, places
-
-    def _free(self, held: Allocation | list[np.ndarray] | None) -> None:
-        """Let go of a job's inputs (what `_stage` returned): an allocation goes back to the ring."""
-        if isinstance(held, Allocation):
-            self._res.requests.release(held.offset, held.seq)
-
     def _free_inputs(self, slot: _Slot) -> None:
-        self._free(slot.inputs)
+        self._staging.free(slot.inputs)
         slot.inputs = None
 
     # --- bookkeeping -----------------------------------------------------------------------------
@@ -799,13 +611,13 @@ class WorkerPool:
         or the I/O process's answer arrives (and is then dropped and freed)."""
         self._stats["rejected"] += 1
         latency = (time.monotonic() - req.submitted) * 1e3
-        self._finished[req.rid] = Reply(req.request_id, False, error, latency_ms=latency)
+        self._answers.give(req.rid, Reply(req.request_id, False, error, latency_ms=latency))
         if not keep_tracking:
             self._forget(req)
 
     def _finish(self, req: _Request, reply: Reply) -> None:
         reply.latency_ms = (time.monotonic() - req.submitted) * 1e3
-        self._finished[req.rid] = reply
+        self._answers.give(req.rid, reply)
         self._forget(req)
 
     def _forget(self, req: _Request) -> None:
@@ -820,53 +632,7 @@ class WorkerPool:
             return None
         return req
 
-    def _collect(self) -> list[Reply]:
-        out = []
-        if self.config.ordered:
-            while self._order and self._order[0] in self._finished:
-                out.append(self._pop(self._order.popleft()))
-        else:
-            for rid in [r for r in self._order if r in self._finished]:
-                self._order.remove(rid)
-                out.append(self._pop(rid))
-        return out
-
-    def _take(self, rid: int) -> Reply:
-        self._order.remove(rid)
-        return self._pop(rid)
-
-    def _pop(self, rid: int) -> Reply:
-        reply = self._finished.pop(rid)
-        self._by_request_id.pop(reply.request_id, None)
-        return reply
-
-
-def _copy_inputs(ring: RingWriter, allocation: Allocation, frames: tuple, spans: list[int]) -> list[tuple[int, int]]:
-    """Write `frames` one after another (each `spans` bytes apart) into `allocation`: their (offset, nbytes)."""
-    places, at = [], 0
-    for frame, span in zip(frames, spans, strict=True):
-        places.append((allocation.offset + at, ring.write(allocation, at, frame)))
-        at += span
-    return places
-
 
 def _allocations(done: Done) -> list[tuple[int, int]]:
     """(offset, seq) of every tensor a Done holds in its worker's ring: what a Release gives back."""
     return [(d.offset, d.seq) for d in done.tensors.values()]
-
-
-def _override_hashes(hashes: list[int], overrides: list[str] | None, request_id: Any) -> list[int]:
-    """SGLang's `mm_hashes` rule: one hex string per item (any width, optional 0x, low 64 bits kept);
-    a malformed entry keeps the computed hash; a count mismatch ignores them all; never a rejection."""
-    if overrides is None:
-        return hashes
-    if len(overrides) != len(hashes):
-        log.warning("request %r: %d mm_hashes for %d images; ignoring them", request_id, len(overrides), len(hashes))
-        return hashes
-    out = []
-    for computed, text in zip(hashes, overrides, strict=True):
-        try:
-            out.append(int(str(text).removeprefix("0x").removeprefix("0X"), 16) & 0xFFFF_FFFF_FFFF_FFFF)
-        except ValueError:
-            out.append(computed)
-    return out

@@ -1,0 +1,68 @@
+"""The replies a pool owes: exactly one per submitted request, handed out in submission order (or
+as they finish), and the caller's request ids they answer."""
+
+import collections
+from typing import Any
+
+from mmworker.errors import MmError
+from mmworker.pool.reply import Reply
+
+
+class Answers:
+    """Requests are known by the pool's own `rid` (increasing) and by the caller's `request_id`,
+    which is unique among those not yet handed out."""
+
+    def __init__(self, ordered: bool) -> None:
+        self._ordered = ordered
+        self._order: collections.deque[int] = collections.deque()  # rids owed, in submission order
+        self._finished: dict[int, Reply] = {}  # rid -> its reply, not yet handed out
+        self._rids: dict[Any, int] = {}  # request_id -> rid, until its reply is handed out
+
+    def owe(self, rid: int, request_id: Any) -> None:
+        """Register a new request; MmError if `request_id` is still in flight."""
+        if request_id in self._rids:
+            raise MmError(f"request id {request_id!r} is already in flight")
+        self._rids[request_id] = rid
+        self._order.append(rid)
+
+    def rid_of(self, request_id: Any) -> int | None:
+        return self._rids.get(request_id)
+
+    def give(self, rid: int, reply: Reply) -> None:
+        """Its one reply (a later one for the same rid replaces it: see `abort`)."""
+        self._finished[rid] = reply
+
+    def has(self, rid: int) -> bool:
+        """Whether `rid`'s reply is in, not yet handed out."""
+        return rid in self._finished
+
+    def abort(self, rid: int) -> None:
+        """Turn a finished reply not yet handed out into "aborted", releasing what it holds."""
+        reply = self._finished[rid]
+        reply.release()
+        self._finished[rid] = Reply(reply.request_id, False, "aborted", latency_ms=reply.latency_ms)
+
+    def ready(self) -> list[Reply]:
+        """Hand out what may go now: in order, the finished ones up to the first still owed;
+        unordered, every finished one."""
+        if not self._finished:
+            return []
+        out = []
+        if self._ordered:
+            while self._order and self._order[0] in self._finished:
+                out.append(self._pop(self._order.popleft()))
+        else:
+            for rid in [r for r in self._order if r in self._finished]:
+                self._order.remove(rid)
+                out.append(self._pop(rid))
+        return out
+
+    def take(self, rid: int) -> Reply:
+        """Hand out `rid`'s finished reply now, whatever the order (`process` waits for just one)."""
+        self._order.remove(rid)
+        return self._pop(rid)
+
+    def _pop(self, rid: int) -> Reply:
+        reply = self._finished.pop(rid)
+        self._rids.pop(reply.request_id, None)
+        return reply

@@ -1,0 +1,166 @@
+"""A request's inputs on the client: checked and converted at submit, then staged where its worker
+reads them (in place, or copied into shared memory), and freed once its answer is in."""
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ipc.errors import AllocationTooLarge
+from ipc.peer_memory import places_of
+from ipc.ring import ALIGN, Allocation, RingWriter
+from ipc.segment import Segment
+from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
+from mmworker.common.inline import decoded_size_estimate
+from mmworker.errors import MmError
+from mmworker.pool.protocol import KIND_BYTES, KIND_STRING, REQUEST_RING, needs_io
+
+log = logging.getLogger("mmworker.pool")
+
+# What holds a staged job's inputs until its answer: the exports that keep them in place, the
+# request-ring allocation they were copied into, or nothing (a one-off segment, owned by its fd).
+Held = Allocation | list[np.ndarray] | None
+
+
+class RequestInputs:
+    """One request's inputs as its worker will get them: `ids` (int64, a copy of its own) and one
+    frame per image (bytes as given, text UTF-8 encoded, later the fetched bytes of URLs and files)."""
+
+    __slots__ = ("frames", "ids", "kinds", "mm_hashes", "raw_bytes", "sources")
+
+    def __init__(self, ids: np.ndarray, sources: list, frames: list, kinds: list[str], raw_bytes: int,
+                 mm_hashes: list[str] | None) -> None:  # fmt: skip
+        self.ids, self.sources, self.frames, self.kinds = ids, sources, frames, kinds
+        self.raw_bytes = raw_bytes  # bytes given directly (they count against the request's byte budget)
+        self.mm_hashes = mm_hashes
+
+    def io_job(self) -> dict[str, Any] | None:
+        """The I/O process's job arguments for the sources it resolves; None if there are none."""
+        indices = [i for i, source in enumerate(self.sources) if needs_io(source)]
+        if not indices:
+            return None
+        return {"sources": [self.sources[i] for i in indices], "indices": indices,
+                "budget": MAX_REQUEST_BYTES - self.raw_bytes}  # fmt: skip
+
+    def fetched(self, payload: Iterable) -> None:
+        """Put the I/O process's bytes (one per source it resolved, in order) in those sources' places."""
+        fetched = iter(payload)
+        for i, source in enumerate(self.sources):
+            if needs_io(source):
+                self.frames[i], self.kinds[i] = next(fetched), KIND_BYTES
+
+
+def check_inputs(input_ids: Any, images: Any, mm_hashes: Sequence[str] | None) -> RequestInputs:
+    """Convert and check what is cheap to check here (the worker checks everything else); MmError
+    names what is wrong."""
+    try:
+        ids = np.array(input_ids, dtype=np.int64).reshape(-1)  # a copy of its own: contiguous, kept unchanged
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise MmError(f"input_ids must be integers: {exc}") from None
+    if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
+        raise MmError("images must be a list of sources")
+    if len(images) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
+        raise MmError(f"multimodal request exceeds {MAX_ITEMS_PER_REQUEST} media items")
+    total = raw = 0
+    frames, kinds = [], []  # built once here, not at every dispatch attempt
+    for i, source in enumerate(images):
+        if isinstance(source, str):
+            total += 0 if needs_io(source) else decoded_size_estimate(source)
+            try:
+                frames.append(source.encode())
+            except UnicodeEncodeError as exc:
+                raise MmError(
+                    f"image {i}: source text is not valid Unicode ({exc.reason} at position {exc.start})"
+                ) from None
+            kinds.append(KIND_STRING)
+        elif isinstance(source, (bytes, bytearray, memoryview)):
+            view = memoryview(source)
+            if not view.c_contiguous:
+                raise MmError(f"image {i}: a memoryview source must be C-contiguous")
+            raw += view.nbytes
+            frames.append(source)
+            kinds.append(KIND_BYTES)
+        else:
+            raise MmError(f"image {i}: source must be a string or bytes, got {type(source).__name__}")
+    total += raw
+    if total > MAX_REQUEST_BYTES:
+        raise MmError(f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes")
+    hashes = list(mm_hashes) if mm_hashes is not None else None
+    return RequestInputs(ids, list(images), frames, kinds, raw, hashes)
+
+
+class InputStaging:
+    """Puts a job's inputs where its worker reads them, and takes them back; uses the pool's request ring."""
+
+    def __init__(self, ring: RingWriter) -> None:
+        self._ring = ring
+
+    def stage(self, in_place: bool, frames: tuple) -> tuple[Held, int | None, list[tuple[int, int]]]:
+        """In place (`in_place`: the worker reads this process's memory), where they are: nothing is
+        copied, and the exports returned keep them there. Else copied, each 64-byte aligned as a
+        reader's view must be, into one allocation of the request ring, or, when the ring has no room
+        now, into a one-off nameless segment of their own, whose descriptor goes with the Job (the
+        caller closes it once sent) and whose memory ends with the worker's mapping of it.
+
+        Returns (what holds them, the descriptor or None, each input's (address or offset, nbytes)).
+        IpcError if not even a one-off segment can be had.
+        """
+        if in_place:
+            exports, places = places_of(frames)
+            return exports, None, places
+        spans = [-(-memoryview(frame).nbytes // ALIGN) * ALIGN for frame in frames]
+        size = max(ALIGN, sum(spans))
+        try:
+            allocation = self._ring.try_allocate(size)
+        except AllocationTooLarge:
+            allocation = None
+        if allocation is not None:
+            return allocation, None, _copy_inputs(self._ring, allocation, frames, spans)
+        segment, fd = Segment.anonymous("inputs", size)
+        try:
+            one_off = RingWriter(segment, REQUEST_RING)
+            places = _copy_inputs(one_off, one_off.try_allocate(size), frames, spans)
+            del one_off  # its views of the segment, so that the close below unmaps it at once
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            segment.close()  # the descriptor keeps the memory
+        return None, fd, places
+
+    def free(self, held: Held) -> None:
+        """Let go of a job's inputs (what `stage` returned): an allocation goes back to the ring."""
+        if isinstance(held, Allocation):
+            self._ring.release(held.offset, held.seq)
+
+    def used_bytes(self) -> int:
+        """The request ring's space held by inputs copied for running jobs."""
+        return self._ring.stats().used
+
+
+def _copy_inputs(ring: RingWriter, allocation: Allocation, frames: tuple, spans: list[int]) -> list[tuple[int, int]]:
+    """Write `frames` one after another (each `spans` bytes apart) into `allocation`: their (offset, nbytes)."""
+    places, at = [], 0
+    for frame, span in zip(frames, spans, strict=True):
+        places.append((allocation.offset + at, ring.write(allocation, at, frame)))
+        at += span
+    return places
+
+
+def override_hashes(hashes: list[int], overrides: list[str] | None, request_id: Any) -> list[int]:
+    """SGLang's `mm_hashes` rule: one hex string per item (any width, optional 0x, low 64 bits kept);
+    a malformed entry keeps the computed hash; a count mismatch ignores them all; never a rejection."""
+    if overrides is None:
+        return hashes
+    if len(overrides) != len(hashes):
+        log.warning("request %r: %d mm_hashes for %d images; ignoring them", request_id, len(overrides), len(hashes))
+        return hashes
+    out = []
+    for computed, text in zip(hashes, overrides, strict=True):
+        try:
+            out.append(int(str(text).removeprefix("0x").removeprefix("0X"), 16) & 0xFFFF_FFFF_FFFF_FFFF)
+        except ValueError:
+            out.append(computed)
+    return out

@@ -1,0 +1,136 @@
+"""The OS resources of one pool (child processes, sockets, shared-memory segments, its runtime
+directory): the one place that creates them and the one teardown that destroys them all."""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ipc.channels import Router, RuntimeDir, new_context
+from ipc.inbox import Inbox
+from ipc.results import ResultsChannel
+from ipc.ring import RingWriter
+from ipc.segment import Segment, new_name
+from mmworker.pool.protocol import REQUEST_RING
+from mmworker.runtime import tuned_environ
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_STOP_GRACE_S = 2.0
+
+
+class PoolResources:
+    """Everything a pool holds from the OS, closable from a finalizer (it holds no reference to the pool).
+
+    `open` creates the channels and the request ring; `spawn`, `new_segment` and `new_inbox` create
+    the rest as the pool needs it. `close` (idempotent) stops every child and removes everything,
+    also after an `open` that failed half-way.
+    """
+
+    def __init__(self) -> None:
+        self.rundir: RuntimeDir | None = None
+        self.context = None
+        self.router: Router | None = None
+        self.results: ResultsChannel | None = None
+        self.inboxes: dict[int, Inbox] = {}  # per worker slot; replaced when its worker is
+        self.wake: select.epoll | None = None  # its fd is readable when the router or the results are
+        self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
+        self.exits = select.poll()  # over the pidfds
+        self.segments: list[Segment] = []
+        self.requests: RingWriter | None = None  # the request ring (its segment is in `segments`)
+        self.requests_fd: int | None = None  # its read-only descriptor, inherited by every worker
+        self.closed = False
+
+    def open(self, request_ring_bytes: int) -> None:
+        """The runtime directory, the ZeroMQ router (for the I/O process), the results channel, the
+        wake-up fd over both, and the request ring, which workers map through an inherited descriptor."""
+        self.rundir = RuntimeDir()
+        self.context = new_context()
+        self.router = Router(self.context, self.rundir.endpoint("work"))
+        self.results = ResultsChannel()
+        self.router.watch(self.results.fileno())
+        self.wake = select.epoll()
+        self.wake.register(self.router.fileno(), select.EPOLLIN)
+        self.wake.register(self.results.fileno(), select.EPOLLIN)
+        requests = self.new_segment("req", request_ring_bytes)
+        self.requests_fd = requests.reader_fd()
+        requests.unlink()  # workers map the inherited descriptor: the name is not needed
+        self.requests = RingWriter(requests, REQUEST_RING)
+
+    def spawn(self, module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """Exec a fresh interpreter for a child (never a fork of this process); it pins itself."""
+        env = tuned_environ()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        command = [sys.executable, "-m", module, json.dumps(args)]
+        proc = subprocess.Popen(command, env=env, close_fds=True, pass_fds=pass_fds)
+        # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
+        for gone in [p for p in self.pidfds if p.returncode is not None]:
+            fd = self.pidfds.pop(gone)
+            self.exits.unregister(fd)
+            os.close(fd)
+        # Not reaped yet, so the pid cannot have been reused.
+        self.pidfds[proc] = os.pidfd_open(proc.pid)
+        self.exits.register(self.pidfds[proc], select.POLLIN)
+        return proc
+
+    def any_ended(self) -> bool:
+        """Whether a child has ended since it was last reaped: one poll(2) over the pidfds."""
+        return bool(self.exits.poll(0))
+
+    def new_segment(self, prefix: str, nbytes: int) -> Segment:
+        segment = Segment.create(new_name(prefix), nbytes)
+        self.segments.append(segment)
+        return segment
+
+    def retire(self, segment: Segment) -> None:
+        """Unlink and unmap a segment now; mappings made elsewhere (a reader's, a worker's) stay."""
+        segment.unlink()
+        segment.close()
+        self.segments.remove(segment)
+
+    def new_inbox(self, index: int) -> Inbox:
+        """A fresh inbox for worker slot `index`, closing the one its previous worker had."""
+        old = self.inboxes.pop(index, None)
+        if old is not None:
+            old.close()
+        inbox = self.inboxes[index] = Inbox()
+        return inbox
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for proc in self.pidfds:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for proc in self.pidfds:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for fd in self.pidfds.values():
+            os.close(fd)
+        self.pidfds.clear()
+        if self.wake is not None:
+            self.wake.close()
+        for inbox in self.inboxes.values():
+            inbox.close()
+        if self.results is not None:
+            self.results.close()
+        if self.router is not None:
+            self.router.close()
+        if self.context is not None:
+            self.context.term()
+        if self.requests_fd is not None:
+            os.close(self.requests_fd)
+        self.requests = None  # its array views the segment's memory, which close() then unmaps
+        for segment in self.segments:
+            segment.unlink()  # idempotent: a retired ring is unlinked already
+            segment.close()
+        if self.rundir is not None:
+            self.rundir.close()
