@@ -84,7 +84,7 @@ def main() -> int:
     from isal import isal_zlib
     from PIL import Image
 
-    from mmworker.common import png
+    from mmworker.common import png, png_rows
     from mmworker.common.decode import MAX_IMAGE_PIXELS
 
     rust = load_reference_extension()
@@ -134,7 +134,7 @@ def main() -> int:
         "chunk walk": partial(png._read_chunks, view, MAX_IMAGE_PIXELS),
         "inflate ISA-L": partial(lambda: isal_zlib.decompressobj().decompress(stream, size + 1)),
         "inflate zlib": partial(lambda: zlib.decompressobj().decompress(stream, size)),
-        "unfilter": partial(png._decode_rows, raw, 720, 1280, 3840, 3, 0, 8, palette, 0, out, 3, scratch),
+        "unfilter": partial(png_rows.decode_rows, raw, 720, 1280, 3840, 3, 0, 8, palette, 0, out, 3, scratch),
     }
     print("\n1280x720 RGB, by stage:")
     for name, value in alternating_medians(parts, args.rounds, args.budget).items():

@@ -22,7 +22,7 @@ from numba import njit
 from PIL import Image
 from pngbuild import SIGNATURE, chunk, ihdr
 
-from mmworker.common import png
+from mmworker.common import png, png_rows
 from mmworker.common.decode import MAX_IMAGE_PIXELS
 from mmworker.common.png import decode_png
 from mmworker.corpus import photo_like
@@ -158,7 +158,7 @@ def _paeth_table(out: np.ndarray) -> None:
     for a in range(256):
         for b in range(256):
             for c in range(256):
-                out[(a * 256 + b) * 256 + c] = png._paeth(np.int32(a), np.int32(b), np.int32(c))
+                out[(a * 256 + b) * 256 + c] = png_rows._paeth(np.int32(a), np.int32(b), np.int32(c))
 
 
 def test_paeth_equals_the_spec_predictor_for_every_input():

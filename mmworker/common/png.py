@@ -42,10 +42,10 @@ length with a matching Adler-32 does not come out of any real encoder, but it ca
 hand; `zlib_only=True` gives Pillow's verdict on such streams as well.
 
 Buffers: the inflated stream (one `bytes` of exactly height * (1 + row bytes)) and the output
-pixels are the only image-sized buffers; the unfilter kernel reads the first and writes the second
-directly (through a two-row scratch for the layouts that need expanding). The compressed data is
-joined into one buffer when it spans several IDAT chunks (it usually does: Pillow writes 64 KiB
-chunks, libpng 8 KiB), and viewed in place when it does not.
+pixels are the only image-sized buffers; the unfilter kernel (`png_rows.decode_rows`) reads the
+first and writes the second directly (through a two-row scratch for the layouts that need
+expanding). The compressed data is joined into one buffer when it spans several IDAT chunks (it
+usually does: Pillow writes 64 KiB chunks, libpng 8 KiB), and viewed in place when it does not.
 """
 
 import re
@@ -56,37 +56,38 @@ from types import MappingProxyType
 
 import numpy as np
 from isal import isal_zlib
-from numba import njit
 from PIL import Image, PngImagePlugin
 
 from mmworker.common.pixels import RgbImage
+from mmworker.common.png_rows import (
+    KIND_DIRECT,
+    KIND_GREY,
+    KIND_GREY_ALPHA,
+    KIND_PALETTE,
+    ROWS_OK,
+    decode_rows,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # PngImagePlugin.is_cid: Pillow stops (or, before the image data, fails) on any other chunk type.
 _IS_CID = re.compile(rb"\w\w\w\w").match
 _U32 = struct.Struct(">I")
 
-# How the unfiltered rows become output pixels.
-_KIND_DIRECT = 0  # the unfiltered row is the output row: RGB8 -> (h, w, 3), RGBA8 -> (h, w, 4)
-_KIND_GREY = 1  # grey at 1, 2, 4 or 8 bits -> replicated (Pillow's "1" and "L;n" unpackers)
-_KIND_GREY_ALPHA = 2  # grey+alpha 8-bit -> grey replicated, alpha dropped
-_KIND_PALETTE = 3  # palette index at 1, 2, 4 or 8 bits -> palette colour
-
 # (bit depth, colour type) -> (Pillow mode, kind, bytes per complete pixel (the filter unit),
 # samples per pixel)
 _LAYOUTS = MappingProxyType(
     {
-        (1, 0): ("1", _KIND_GREY, 1, 1),
-        (2, 0): ("L", _KIND_GREY, 1, 1),
-        (4, 0): ("L", _KIND_GREY, 1, 1),
-        (8, 0): ("L", _KIND_GREY, 1, 1),
-        (8, 2): ("RGB", _KIND_DIRECT, 3, 3),
-        (1, 3): ("P", _KIND_PALETTE, 1, 1),
-        (2, 3): ("P", _KIND_PALETTE, 1, 1),
-        (4, 3): ("P", _KIND_PALETTE, 1, 1),
-        (8, 3): ("P", _KIND_PALETTE, 1, 1),
-        (8, 4): ("LA", _KIND_GREY_ALPHA, 2, 2),
-        (8, 6): ("RGBA", _KIND_DIRECT, 4, 4),
+        (1, 0): ("1", KIND_GREY, 1, 1),
+        (2, 0): ("L", KIND_GREY, 1, 1),
+        (4, 0): ("L", KIND_GREY, 1, 1),
+        (8, 0): ("L", KIND_GREY, 1, 1),
+        (8, 2): ("RGB", KIND_DIRECT, 3, 3),
+        (1, 3): ("P", KIND_PALETTE, 1, 1),
+        (2, 3): ("P", KIND_PALETTE, 1, 1),
+        (4, 3): ("P", KIND_PALETTE, 1, 1),
+        (8, 3): ("P", KIND_PALETTE, 1, 1),
+        (8, 4): ("LA", KIND_GREY_ALPHA, 2, 2),
+        (8, 6): ("RGBA", KIND_DIRECT, 4, 4),
     }
 )
 
@@ -98,11 +99,6 @@ _INFO_KEYS_PILLOW_READS = frozenset({b"interlace", b"bbox", b"transparency"})
 # Chunks whose handlers we do not mirror: APNG frames (Pillow composites and crops them) and
 # Pillow's second kind of image-data chunk (load_read continues the image data into DDAT/fdAT).
 _UNHANDLED = frozenset({b"acTL", b"fcTL", b"fdAT", b"DDAT"})
-
-# Statuses returned by the row kernel.
-_OK = 0
-_BAD_FILTER = 1
-_BAD_INDEX = 2
 
 
 @dataclass(eq=False)
@@ -149,12 +145,12 @@ def decode_png(data: bytes | memoryview, max_pixels: int, *, zlib_only: bool = F
         palette[: len(header.palette)] = np.frombuffer(header.palette, np.uint8)
     channels = 4 if header.colour == 6 else 3  # RGBA keeps its alpha byte: it costs nothing to keep
     out = np.empty((h, w, channels), np.uint8)
-    scratch = np.empty(0 if kind == _KIND_DIRECT else 2 * rowbytes, np.uint8)
-    status = _decode_rows(
+    scratch = np.empty(0 if kind == KIND_DIRECT else 2 * rowbytes, np.uint8)
+    status = decode_rows(
         np.frombuffer(raw, np.uint8), h, w, rowbytes, bpp, kind, header.depth, palette, entries,
         out.reshape(-1), channels, scratch,
     )  # fmt: skip
-    if status != _OK:
+    if status != ROWS_OK:
         return None
     return RgbImage(pixels=out, pil=None)
 
@@ -363,227 +359,3 @@ def _inflate(parts: list[memoryview], size: int, zlib_only: bool) -> bytes | Non
     except zlib.error:
         return None
     return raw if len(raw) == size else None
-
-
-@njit(cache=True, inline="always")
-def _paeth(a: int, b: int, c: int) -> int:
-    """The PNG Paeth predictor (spec 9.4, ties to a, then b, then c) in stb_image's branch-free form.
-
-    Equal to the spec's |p - a|, |p - b|, |p - c| comparison for all 2^24 inputs (checked in
-    tests/test_png.py); it compiles to conditional moves and keeps the serial dependency on `a`
-    (the pixel just decoded) short, which is what bounds Paeth rows.
-    """
-    thresh = c * 3 - (a + b)
-    lo = min(a, b)
-    hi = max(a, b)
-    t0 = lo if hi <= thresh else c
-    return hi if thresh <= lo else t0
-
-
-# Row unfilters. Each takes the filter type, the filtered row `src` (filter byte excluded), the
-# unfiltered row above `prv` (zeros for the first row, which turns Up into None, Average into
-# left / 2 and Paeth into Sub exactly as the spec and Pillow's zeroed previous row do) and writes
-# `dst`; False for an unknown filter type. The left neighbours are carried in registers: going
-# through memory (dst[i - bpp]) puts a store-to-load round trip on the serial dependency.
-
-
-@njit(cache=True, inline="always")
-def _row3(f: int, src: np.ndarray, prv: np.ndarray, dst: np.ndarray, w: int) -> bool:
-    """RGB8: 3 bytes per pixel, the output row laid out like the raw row."""
-    n = 3 * w
-    a0 = a1 = a2 = np.int32(0)
-    c0 = c1 = c2 = np.int32(0)
-    if f == 0:
-        for i in range(n):
-            dst[i] = src[i]
-    elif f == 1:
-        for p in range(w):
-            x = 3 * p
-            a0 = (np.int32(src[x]) + a0) & 255
-            a1 = (np.int32(src[x + 1]) + a1) & 255
-            a2 = (np.int32(src[x + 2]) + a2) & 255
-            dst[x] = a0
-            dst[x + 1] = a1
-            dst[x + 2] = a2
-    elif f == 2:
-        for i in range(n):
-            dst[i] = src[i] + prv[i]
-    elif f == 3:
-        for p in range(w):
-            x = 3 * p
-            a0 = (np.int32(src[x]) + ((a0 + np.int32(prv[x])) >> 1)) & 255
-            a1 = (np.int32(src[x + 1]) + ((a1 + np.int32(prv[x + 1])) >> 1)) & 255
-            a2 = (np.int32(src[x + 2]) + ((a2 + np.int32(prv[x + 2])) >> 1)) & 255
-            dst[x] = a0
-            dst[x + 1] = a1
-            dst[x + 2] = a2
-    elif f == 4:
-        for p in range(w):
-            x = 3 * p
-            b0 = np.int32(prv[x])
-            b1 = np.int32(prv[x + 1])
-            b2 = np.int32(prv[x + 2])
-            a0 = (np.int32(src[x]) + _paeth(a0, b0, c0)) & 255
-            a1 = (np.int32(src[x + 1]) + _paeth(a1, b1, c1)) & 255
-            a2 = (np.int32(src[x + 2]) + _paeth(a2, b2, c2)) & 255
-            dst[x] = a0
-            dst[x + 1] = a1
-            dst[x + 2] = a2
-            c0, c1, c2 = b0, b1, b2
-    else:
-        return False
-    return True
-
-
-@njit(cache=True, inline="always")
-def _row4(f: int, src: np.ndarray, prv: np.ndarray, dst: np.ndarray, w: int) -> bool:
-    """RGBA8: 4 bytes per pixel, the output row laid out like the raw row."""
-    n = 4 * w
-    a0 = a1 = a2 = a3 = np.int32(0)
-    c0 = c1 = c2 = c3 = np.int32(0)
-    if f == 0:
-        for i in range(n):
-            dst[i] = src[i]
-    elif f == 1:
-        for p in range(w):
-            x = 4 * p
-            a0 = (np.int32(src[x]) + a0) & 255
-            a1 = (np.int32(src[x + 1]) + a1) & 255
-            a2 = (np.int32(src[x + 2]) + a2) & 255
-            a3 = (np.int32(src[x + 3]) + a3) & 255
-            dst[x] = a0
-            dst[x + 1] = a1
-            dst[x + 2] = a2
-            dst[x + 3] = a3
-    elif f == 2:
-        for i in range(n):
-            dst[i] = src[i] + prv[i]
-    elif f == 3:
-        for p in range(w):
-            x = 4 * p
-            a0 = (np.int32(src[x]) + ((a0 + np.int32(prv[x])) >> 1)) & 255
-            a1 = (np.int32(src[x + 1]) + ((a1 + np.int32(prv[x + 1])) >> 1)) & 255
-            a2 = (np.int32(src[x + 2]) + ((a2 + np.int32(prv[x + 2])) >> 1)) & 255
-            a3 = (np.int32(src[x + 3]) + ((a3 + np.int32(prv[x + 3])) >> 1)) & 255
-            dst[x] = a0
-            dst[x + 1] = a1
-            dst[x + 2] = a2
-            dst[x + 3] = a3
-    elif f == 4:
-        for p in range(w):
-            x = 4 * p
-            b0 = np.int32(prv[x])
-            b1 = np.int32(prv[x + 1])
-            b2 = np.int32(prv[x + 2])
-            b3 = np.int32(prv[x + 3])
-            a0 = (np.int32(src[x]) + _paeth(a0, b0, c0)) & 255
-            a1 = (np.int32(src[x + 1]) + _paeth(a1, b1, c1)) & 255
-            a2 = (np.int32(src[x + 2]) + _paeth(a2, b2, c2)) & 255
-            a3 = (np.int32(src[x + 3]) + _paeth(a3, b3, c3)) & 255
-            dst[x] = a0
-            dst[x + 1] = a1
-            dst[x + 2] = a2
-            dst[x + 3] = a3
-            c0, c1, c2, c3 = b0, b1, b2, b3
-    else:
-        return False
-    return True
-
-
-@njit(cache=True, inline="always")
-def _row_bytes(f: int, src: np.ndarray, prv: np.ndarray, dst: np.ndarray, n: int, bpp: int) -> bool:
-    """Any bytes-per-pixel (1 or 2 here: grey, palette, grey+alpha), byte by byte."""
-    if f > 4:
-        return False
-    if f == 0:
-        for i in range(n):
-            dst[i] = src[i]
-    elif f == 2:
-        for i in range(n):
-            dst[i] = src[i] + prv[i]
-    elif bpp == 1:  # the serial filters with the left neighbour in a register
-        a = c = np.int32(0)
-        for i in range(n):
-            b = np.int32(prv[i])
-            if f == 1:
-                a = (np.int32(src[i]) + a) & 255
-            elif f == 3:
-                a = (np.int32(src[i]) + ((a + b) >> 1)) & 255
-            else:
-                a = (np.int32(src[i]) + _paeth(a, b, c)) & 255
-            dst[i] = a
-            c = b
-    else:
-        for i in range(n):
-            a = np.int32(dst[i - bpp]) if i >= bpp else np.int32(0)
-            b = np.int32(prv[i])
-            if f == 1:
-                dst[i] = (np.int32(src[i]) + a) & 255
-            elif f == 3:
-                dst[i] = (np.int32(src[i]) + ((a + b) >> 1)) & 255
-            else:
-                c = np.int32(prv[i - bpp]) if i >= bpp else np.int32(0)
-                dst[i] = (np.int32(src[i]) + _paeth(a, b, c)) & 255
-    return True
-
-
-@njit(cache=True)
-def _decode_rows(
-    raw: np.ndarray, h: int, w: int, rowbytes: int, bpp: int, kind: int, depth: int, palette: np.ndarray,
-    entries: int, out: np.ndarray, channels: int, scratch: np.ndarray,
-) -> int:  # fmt: skip
-    """Unfilter every row of `raw` and write the pixels into `out` (flat, `channels` bytes per pixel).
-
-    `channels` is 3, or 4 for RGBA (which is `_KIND_DIRECT`); every other kind expands to RGB.
-    """
-    stride = rowbytes + 1
-    out_row = w * channels
-    zero = np.zeros(max(out_row, rowbytes), np.uint8)
-    mask = (1 << depth) - 1
-    scale = 255 // mask  # 1-bit: 255, 2-bit: 85, 4-bit: 17, 8-bit: 1 (Pillow's "1"/"L;n" unpackers)
-    for y in range(h):
-        f = raw[y * stride]
-        src = raw[y * stride + 1 : (y + 1) * stride]
-        dst = out[y * out_row : (y + 1) * out_row]
-        if kind == _KIND_DIRECT:
-            prv = zero[:out_row] if y == 0 else out[(y - 1) * out_row : y * out_row]
-            ok = _row4(f, src, prv, dst, w) if bpp == 4 else _row3(f, src, prv, dst, w)
-            if not ok:
-                return _BAD_FILTER
-            continue
-        cur = scratch[(y & 1) * rowbytes : ((y & 1) + 1) * rowbytes]
-        prv = zero[:rowbytes] if y == 0 else scratch[(1 - (y & 1)) * rowbytes : (2 - (y & 1)) * rowbytes]
-        if not _row_bytes(f, src, prv, cur, rowbytes, bpp):
-            return _BAD_FILTER
-        # Expand to RGB; one loop per layout so that each is branch-free and vectorisable.
-        if kind == _KIND_GREY_ALPHA or (kind == _KIND_GREY and depth == 8):
-            step = 2 if kind == _KIND_GREY_ALPHA else 1
-            for x in range(w):
-                v = cur[step * x]
-                dst[3 * x] = v
-                dst[3 * x + 1] = v
-                dst[3 * x + 2] = v
-        elif kind == _KIND_PALETTE and depth == 8:
-            top = np.uint8(0)
-            for x in range(w):
-                top = max(top, cur[x])
-            if top >= entries:
-                return _BAD_INDEX
-            for x in range(w):
-                i = 3 * np.intp(cur[x])
-                dst[3 * x] = palette[i]
-                dst[3 * x + 1] = palette[i + 1]
-                dst[3 * x + 2] = palette[i + 2]
-        else:  # 1, 2 or 4 bits per sample, most significant first
-            for x in range(w):
-                bit = x * depth
-                v = (np.intp(cur[bit >> 3]) >> (8 - depth - (bit & 7))) & mask
-                if kind == _KIND_PALETTE:
-                    if v >= entries:
-                        return _BAD_INDEX
-                    dst[3 * x] = palette[3 * v]
-                    dst[3 * x + 1] = palette[3 * v + 1]
-                    dst[3 * x + 2] = palette[3 * v + 2]
-                else:
-                    dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = v * scale
-    return _OK
