@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,32 @@ def test_a_request_id_is_refused_while_in_flight_and_free_again_once_answered(po
     reply.release()
     with pool.process([P], [images["small"]], request_id="a") as again:
         assert again.ok and pool.stats().in_flight == 0
+
+
+def test_the_client_keeps_nothing_per_answered_request(pool, images):
+    # A pool serves for weeks: accepted, rejected and aborted requests alike must leave no trace here.
+    def serve(n: int) -> None:
+        for _ in range(n // 16):
+            ids = [pool.submit([P], [images["small"] if k % 4 else b"junk"]) for k in range(16)]
+            assert pool.cancel(ids[-1])
+            replies = wait_replies(pool, 16)
+            assert sum(r.ok for r in replies) == 11 and replies[-1].error == "aborted"
+            for reply in replies:
+                reply.release()
+
+    serve(160)  # caches and free lists fill up first
+    tracemalloc.start()
+    try:
+        serve(160)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        serve(1600)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 32 * 1024, f"the client holds {grown} bytes more after 1600 more requests"
+    assert pool.stats().in_flight == 0 and pool.stats().shm_held_bytes == 0
 
 
 def test_text_that_cannot_be_encoded_is_rejected_and_the_pool_keeps_serving(pool, images):
