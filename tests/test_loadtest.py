@@ -97,9 +97,10 @@ def test_memory_growth_is_reported_for_client_and_workers(capsys):
 
     from mmworker.loadtest.report import build_report, print_report
     from mmworker.loadtest.runner import RunResult
+    from mmworker.loadtest.tally import Tally
 
     rss = [(float(t), 100.0, 200.0 if t < 180 else 220.0) for t in range(0, 241, 2)]
-    result = RunResult(records=[], started=0.0, ended=240.0, measured_from=5.0, rss=rss)
+    result = RunResult(tally=Tally(), started=0.0, ended=240.0, measured_from=5.0, rss=rss)
     config = {"mode": "closed loop, 4 in flight", "warmup_s": 5.0, "workers": 2, "spec_name": "qwen2_5_vl"}
     report = build_report(
         result,

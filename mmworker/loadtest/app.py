@@ -162,8 +162,7 @@ def run(args: argparse.Namespace) -> int:
                                     kill_every=args.kill_worker_every)  # fmt: skip
                 stats, pids = pool.stats(), pool.worker_pids()
             mismatches = _verify(result, family)
-            measured = [r for r in result.records if r.answers and r.ok and not r.warmup]
-            pool_rps = len(measured) / max(1e-9, result.ended - result.measured_from)
+            pool_rps = result.tally.measured_accepted / max(1e-9, result.ended - result.measured_from)
             inline = _inline(result, family, min(30.0, duration or 10.0), pool_rps) if args.compare_inline else None
             config_doc = {
                 "mode": f"open loop {args.rate:g}/s" if args.rate else f"closed loop, {concurrency} in flight",

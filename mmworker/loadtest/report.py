@@ -1,4 +1,4 @@
-"""The load test's report: figures from the records, the terminal table, the JSON document, the plot, the verdict.
+"""The load test's report: figures from the tally, the terminal table, the JSON document, the plot, the verdict.
 
 JSON schema (version 1), all times in ms unless named *_s:
     machine {cpus, allowed_cpus, cpu_model, python, pillow, numpy, kernel}
@@ -7,7 +7,7 @@ JSON schema (version 1), all times in ms unless named *_s:
     requests {submitted, answered, accepted, rejected, lost, duplicated, warmup, expected_bad,
               bad_accepted, bad_wrong_reason, good_rejected}
     throughput {requests_per_s, images_per_s}
-    latency_ms {mean, p50, p90, p99, p99.9, max}
+    latency_ms {mean, p50, p90, p99, p99.9, max} (percentiles within 0.05%: mmworker.loadtest.tally)
     latency_parts_ms {queued, to_worker, busy, returned: {mean, p50, ...}}: the latency of every
         accepted request is the sum of its four parts (mmworker.pool.Reply), so the means add up
     workers [{index, pid, cpu_utilisation, requests, images}]
@@ -23,45 +23,15 @@ JSON schema (version 1), all times in ms unless named *_s:
 
 import os
 import platform
-import re
 import resource
-from collections import Counter
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from mmworker.loadtest.runner import RunResult
+from mmworker.loadtest.tally import LATENCY_PARTS
 
 REPORT_VERSION = 1
-# Reply fields whose sum is an accepted request's latency, in Record.parts_ms order.
-LATENCY_PARTS = ("queued", "to_worker", "busy", "returned")
-_REASONS = (
-    "queue full", "shared memory full", "deadline exceeded", "worker crashed", "pool closed", "aborted",
-    "exceeds 64 media items", "total media bytes", "media placeholder", "status code 404", "image decode",
-    "media fetch", "smart_resize", "aspect ratio",
-)  # fmt: skip
-
-
-# Rejections that say something about the pool's state, not about the request.
-_INFRASTRUCTURE = ("worker crashed", "deadline exceeded", "I/O process crashed", "queue full", "shared memory full",
-                   "pool closed", "aborted")  # fmt: skip
-
-
-def reason_of(error: str) -> str:
-    """A stable category for a reject message (the known causes, else its start without numbers)."""
-    for reason in _REASONS:
-        if reason in error:
-            return reason
-    return re.sub(r"\d+", "N", error)[:60]
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {k: float("nan") for k in ("mean", "p50", "p90", "p99", "p99.9", "max")}
-    v = np.sort(np.asarray(values))
-    q = {name: float(np.percentile(v, p, method="higher")) for name, p in
-         (("p50", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9))}  # fmt: skip
-    return {"mean": float(v.mean()), **q, "max": float(v[-1])}
 
 
 def machine_info() -> dict:
@@ -83,36 +53,21 @@ def machine_info() -> dict:
 
 def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: list[int], ring_mib: int,
                  mismatches: list[int], inline: dict | None) -> dict:  # fmt: skip
-    records = result.records
-    answered = [r for r in records if r.answers]
-    measured = [r for r in answered if not r.warmup]
-    accepted = [r for r in measured if r.ok]
+    tally = result.tally
     measured_s = max(1e-9, result.ended - result.measured_from)
-    bad = [r for r in answered if r.kind != "good"]
-    bad_accepted = [r for r in bad if r.ok]
-    # A bad request whose worker was killed (or that ran out of time) never got to its own check:
-    # that is not a wrong answer, only an unattributed one.
-    bad_wrong = [r for r in bad if not r.ok and r.expected_error not in (r.error or "")
-                 and not any(reason in (r.error or "") for reason in _INFRASTRUCTURE)]  # fmt: skip
-    good_rejected = [r for r in answered if r.kind == "good" and not r.ok]
-    lost = len(records) - len(answered)
-    per_worker = Counter(r.worker for r in accepted)
-    per_worker_images = Counter()
-    for r in accepted:
-        per_worker_images[r.worker] += r.images
     wall = max(1e-9, result.ended - result.started)
     failures = []
-    if lost:
-        failures.append(f"{lost} request(s) lost (submitted, never answered)")
+    if tally.lost:
+        failures.append(f"{tally.lost} request(s) lost (submitted, never answered)")
     if result.duplicates:
         failures.append(f"{result.duplicates} duplicated answer(s)")
     if mismatches:
         failures.append(f"{len(mismatches)} verified request(s) differ from in-process results: {mismatches[:5]}")
-    if bad_accepted:
-        failures.append(f"{len(bad_accepted)} expected-bad request(s) accepted: {[r.kind for r in bad_accepted][:5]}")
-    if bad_wrong:
-        failures.append(f"{len(bad_wrong)} bad request(s) rejected for the wrong reason: "
-                        f"{[(r.kind, r.error) for r in bad_wrong][:3]}")  # fmt: skip
+    if tally.bad_accepted_count:
+        failures.append(f"{tally.bad_accepted_count} expected-bad request(s) accepted: {tally.bad_accepted}")
+    if tally.bad_wrong_count:
+        failures.append(f"{tally.bad_wrong_count} bad request(s) rejected for the wrong reason: "
+                        f"{tally.bad_wrong[:3]}")  # fmt: skip
     report = {
         "version": REPORT_VERSION,
         "machine": machine_info(),
@@ -120,45 +75,43 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
         "duration_s": wall,
         "measured_s": measured_s,
         "requests": {
-            "submitted": len(records),
-            "answered": len(answered),
-            "accepted": sum(r.ok for r in answered),
-            "rejected": sum(not r.ok for r in answered),
-            "lost": lost,
+            "submitted": tally.submitted,
+            "answered": tally.answered,
+            "accepted": tally.accepted,
+            "rejected": tally.rejected,
+            "lost": tally.lost,
             "duplicated": result.duplicates,
-            "warmup": sum(r.warmup for r in records),
-            "expected_bad": len(bad),
-            "bad_accepted": len(bad_accepted),
-            "bad_wrong_reason": len(bad_wrong),
-            "good_rejected": len(good_rejected),
+            "warmup": tally.warmup,
+            "expected_bad": tally.expected_bad,
+            "bad_accepted": tally.bad_accepted_count,
+            "bad_wrong_reason": tally.bad_wrong_count,
+            "good_rejected": tally.good_rejected,
         },
         "throughput": {
-            "requests_per_s": len(accepted) / measured_s,
-            "images_per_s": sum(r.images for r in accepted) / measured_s,
+            "requests_per_s": tally.measured_accepted / measured_s,
+            "images_per_s": tally.measured_images / measured_s,
         },
-        "latency_ms": percentiles([r.latency_ms for r in accepted]),
-        "latency_parts_ms": {
-            name: percentiles([r.parts_ms[k] for r in accepted]) for k, name in enumerate(LATENCY_PARTS)
-        },
+        "latency_ms": tally.latency.summary(),
+        "latency_parts_ms": {name: tally.parts[name].summary() for name in LATENCY_PARTS},
         "workers": [
             {
                 "index": k,
                 "pid": pid,
                 "cpu_utilisation": result.worker_cpu_s.get(k, 0.0) / wall,
-                "requests": per_worker.get(k, 0),
-                "images": per_worker_images.get(k, 0),
+                "requests": tally.per_worker.get(k, 0),
+                "images": tally.per_worker_images.get(k, 0),
             }
             for k, pid in enumerate(worker_pids)
         ],
         "client": {
             "cpu_utilisation": result.cpu_s / wall,
-            "cpu_ms_per_request": result.cpu_s / max(1, len(answered)) * 1e3,
+            "cpu_ms_per_request": result.cpu_s / max(1, tally.answered) * 1e3,
             # Private memory (RssAnon); ru_maxrss would also count the mapped rings' shared pages.
             "peak_rss_mb": max((c for _, c, _ in result.rss), default=0.0),
             "peak_rss_incl_shared_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         },
         "shm": {"ring_mib": ring_mib, "peak_held_mb": pool_stats.shm_peak_held_bytes / 2**20},
-        "rejects_by_reason": dict(Counter(reason_of(r.error or "") for r in answered if not r.ok).most_common()),
+        "rejects_by_reason": dict(tally.rejects_by_reason.most_common()),
         "verify": {"checked": len(result.verify), "mismatches": len(mismatches)},
         "restarts": pool_stats.restarts,
         "chaos_kills": result.kills,
@@ -247,16 +200,17 @@ def print_report(report: dict) -> None:
 
 def plot(result: RunResult, path: str, width: int = 1200, height: int = 500) -> None:
     """PNG: latency over time (left) and a latency histogram (right). Drawn with Pillow only:
-    matplotlib would pull in plain Pillow and replace pillow-simd."""
-    measured = [r for r in result.records if r.answers and r.ok and not r.warmup]
+    matplotlib would pull in plain Pillow and replace pillow-simd. Both show the tally's uniform
+    sample of the measured accepted requests (all of them, up to tally.PLOT_SAMPLE)."""
+    points = result.tally.plot_points
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
-    if not measured:
+    if not len(points):
         draw.text((20, 20), "no accepted requests", fill="black")
         image.save(path)
         return
-    t = np.array([r.answered - result.measured_from for r in measured])
-    lat = np.array([r.latency_ms for r in measured])
+    t = points[:, 0] - (result.measured_from - result.started)
+    lat = points[:, 1]
     top = float(np.percentile(lat, 99.9)) * 1.1 or 1.0
     pad, mid = 60, width // 2
 

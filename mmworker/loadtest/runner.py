@@ -1,12 +1,14 @@
-"""Driving a pool with a workload: closed or open loop, warm-up, live progress, one record per request.
+"""Driving a pool with a workload: closed or open loop, warm-up, live progress, the tally of answers.
 
 Closed loop keeps `concurrency` requests in flight; open loop submits at Poisson arrivals of
 `rate` per second whatever the pool does (so queueing shows). Requests submitted during the first
 `warmup_s` seconds are answered and checked like the others but left out of the figures. For
 `verify` sampled accepted requests a digest of everything the reply carried (ids, offsets,
-positions, features, hashes) is kept, to be recomputed in process afterwards.
+positions, features, hashes) is kept, to be recomputed in process afterwards. Only the requests in
+flight are known one by one; an answer goes into the tally (mmworker.loadtest.tally) and is forgotten.
 """
 
+import collections
 import os
 import random
 import sys
@@ -16,37 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from blake3 import blake3
 
-from mmworker.loadtest.workload import EXPECTED_ERROR, RequestSpec, Workload
+from mmworker.loadtest.tally import Tally
+from mmworker.loadtest.workload import RequestSpec, Workload
 from mmworker.pool import Reply, WorkerPool
-
-
-@dataclass(slots=True)
-class Record:
-    """One request's outcome. Its spec (prompt and sources) is dropped once answered, unless kept
-    for verification or the inline comparison; what stays (~300 bytes with slots) is what the
-    percentiles need, so a 10-minute soak's client grows by a few MB of these, not by its traffic."""
-
-    spec: RequestSpec | None
-    index: int
-    kind: str
-    images: int
-    answered: float = 0.0
-    ok: bool = False
-    error: str | None = None
-    latency_ms: float = 0.0
-    parts_ms: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # see report.LATENCY_PARTS
-    worker: int | None = None
-    warmup: bool = False
-    answers: int = 0
-
-    @property
-    def expected_error(self) -> str | None:
-        return EXPECTED_ERROR.get(self.kind)
 
 
 @dataclass
 class RunResult:
-    records: list[Record]
+    tally: Tally
     started: float
     ended: float
     measured_from: float
@@ -113,6 +92,7 @@ def _cpu_of(pid: int) -> float:
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 INLINE_KEEP = 2000  # good requests kept for --compare-inline (it runs at most 30 s of them)
+RECENT_KEPT = 2000  # answers the live progress figures look at (those of the last 5 s)
 
 
 class Progress:
@@ -134,15 +114,15 @@ class Progress:
             return
         self.last = now
         elapsed = now - run.started
-        window = [r for r in run.records[-2000:] if r.answers and not r.warmup and r.answered > now - 5]
-        lat = sorted(r.latency_ms for r in window)
+        window = [(latency, ok, images) for at, latency, ok, images in run.recent if at > now - 5]
+        lat = sorted(latency for latency, _, _ in window)
         p50 = lat[len(lat) // 2] if lat else float("nan")
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
         rate = len(window) / min(5.0, max(elapsed, 1e-9))
-        images = sum(r.images for r in window if r.ok) / min(5.0, max(elapsed, 1e-9))
+        images = sum(n for _, ok, n in window if ok) / min(5.0, max(elapsed, 1e-9))
         text = (
-            f"{elapsed:6.1f}s  answered {run.answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  "
-            f"p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  rejects {run.rejected:5d}  in flight {run.in_flight:4d}"
+            f"{elapsed:6.1f}s  answered {run.tally.answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  "
+            f"p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  rejects {run.tally.rejected:5d}  in flight {run.in_flight:4d}"
         )
         if self.live is not None:
             self.live.update(text)
@@ -157,56 +137,57 @@ class Progress:
 class Runner:
     def __init__(self, pool: WorkerPool, workload: Workload, *, verify: int, seed: int, corrupt_sample: bool) -> None:
         self.pool, self.workload = pool, workload
-        self.records: list[Record] = []  # request id = index into it (the workload numbers them 0, 1, ...)
-        self.answered = 0
-        self.rejected = 0
-        self.in_flight = 0
+        # Requests in flight: request id (the workload numbers them 0, 1, ...) -> (spec, submitted in warm-up).
+        self.flight: dict[int, tuple[RequestSpec, bool]] = {}
+        self.tally = Tally(seed)
+        self.recent: collections.deque[tuple[float, float, bool, int]] = collections.deque(maxlen=RECENT_KEPT)
         self.verify_k = verify
         self.sample: list[tuple[int, str]] = []  # (request index, digest): a uniform sample of accepted replies
         self.sample_specs: dict[int, RequestSpec] = {}
         self.inline_specs: list[RequestSpec] = []
         self.rng = random.Random(seed)
-        self.accepted_seen = 0
         self.corrupt_sample = corrupt_sample
         self.duplicates = 0
         self.started = 0.0
 
     def _submit(self, spec: RequestSpec, now: float, warmup: bool) -> None:
-        if spec.index != len(self.records):
+        if spec.index != self.tally.submitted:
             raise RuntimeError(f"loadtest: request {spec.index} submitted out of sequence")
-        self.records.append(Record(spec, spec.index, spec.kind, spec.images, warmup=warmup))
+        self.flight[spec.index] = (spec, warmup)
+        self.tally.submit(warmup)
         self.pool.submit(spec.input_ids, spec.sources, request_id=spec.index)
-        self.in_flight += 1
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flight)
 
     def _on_reply(self, reply: Reply, now: float) -> None:
-        rid = reply.request_id
-        record = self.records[rid] if isinstance(rid, int) and 0 <= rid < len(self.records) else None
-        if record is None or record.answers:
+        entry = self.flight.pop(reply.request_id, None)
+        if entry is None:  # answered before (or never asked)
             self.duplicates += 1
             reply.release()
             return
-        record.answers += 1
-        record.answered, record.ok, record.error = now, reply.ok, reply.error
-        record.latency_ms, record.worker = reply.latency_ms, reply.worker
-        record.parts_ms = (reply.queued_ms, reply.to_worker_ms, reply.busy_ms, reply.returned_ms)
-        self.answered += 1
-        self.rejected += not reply.ok
-        self.in_flight -= 1
-        spec, record.spec = record.spec, None
+        spec, warmup = entry
+        self.tally.add(kind=spec.kind, expected_error=spec.expected_error, images=spec.images, warmup=warmup,
+                       ok=reply.ok, error=reply.error, answered_s=now - self.started, latency_ms=reply.latency_ms,
+                       parts_ms=(reply.queued_ms, reply.to_worker_ms, reply.busy_ms, reply.returned_ms),
+                       worker=reply.worker)  # fmt: skip
+        if not warmup:
+            self.recent.append((now, reply.latency_ms, reply.ok, spec.images))
         if reply.ok:
-            if record.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
+            if spec.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
                 self.inline_specs.append(spec)
             # Reservoir sampling: every accepted request has the same chance to be verified.
-            self.accepted_seen += 1
-            slot = len(self.sample) if len(self.sample) < self.verify_k else self.rng.randrange(self.accepted_seen)
+            accepted = self.tally.accepted
+            slot = len(self.sample) if len(self.sample) < self.verify_k else self.rng.randrange(accepted)
             if slot < self.verify_k:
-                entry = (record.index, reply_digest(reply, corrupt=self.corrupt_sample))
+                sampled = (spec.index, reply_digest(reply, corrupt=self.corrupt_sample))
                 if slot < len(self.sample):
                     self.sample_specs.pop(self.sample[slot][0], None)
-                    self.sample[slot] = entry
+                    self.sample[slot] = sampled
                 else:
-                    self.sample.append(entry)
-                self.sample_specs[record.index] = spec
+                    self.sample.append(sampled)
+                self.sample_specs[spec.index] = spec
             reply.release()
 
     def run(self, *, concurrency: int | None, rate: float | None, duration: float | None, requests: int | None,
@@ -220,7 +201,6 @@ class Runner:
         display = Progress(progress)
         arrivals = random.Random(7)
         next_arrival = self.started
-        submitted = 0
         rss: list[tuple[float, float, float]] = []
         next_sample = self.started
         next_kill = self.started + warmup_s + kill_every if kill_every else float("inf")
@@ -230,7 +210,7 @@ class Runner:
         def more() -> bool:
             now = time.monotonic()
             if requests is not None:
-                return submitted < requests
+                return self.tally.submitted < requests
             return now < self.started + warmup_s + (duration or 0.0)
 
         try:
@@ -240,11 +220,9 @@ class Runner:
                     if rate is None:
                         while self.in_flight < (concurrency or 1) and more():
                             self._submit(next(stream), now, now < measured_from)
-                            submitted += 1
                     else:
                         while next_arrival <= now and more():
                             self._submit(next(stream), now, now < measured_from)
-                            submitted += 1
                             next_arrival += arrivals.expovariate(rate)
                 elif self.in_flight == 0:
                     break
@@ -271,6 +249,6 @@ class Runner:
         wcpu: dict[int, float] = {}
         for slot, first, last in seen.values():
             wcpu[slot] = wcpu.get(slot, 0.0) + max(0.0, last - first)
-        return RunResult(self.records, self.started, ended, measured_from, dict(self.sample), self.duplicates,
+        return RunResult(self.tally, self.started, ended, measured_from, dict(self.sample), self.duplicates,
                          time.process_time() - cpu0, wcpu, rss, kills, dict(self.sample_specs),
                          list(self.inline_specs))  # fmt: skip
