@@ -13,7 +13,7 @@ from processes import open_fds
 
 from ipc.errors import ChannelClosed, IpcError
 from ipc.inbox import Inbox, InboxReader
-from ipc.results import MAX_RECORD_BYTES
+from ipc.records import MAX_RECORD_BYTES
 from ipc.segment import SHM_DIR, Segment
 from ipc.wire import Done, Job, Release, Stop, encode
 

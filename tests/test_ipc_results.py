@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ipc.errors import ChannelClosed, IpcError
-from ipc.results import MAX_RECORD_BYTES, ResultsChannel, ResultSender
+from ipc.records import MAX_RECORD_BYTES
+from ipc.results import ResultsChannel, ResultSender
 from ipc.wire import Done, Failed, TensorDesc, encode
 
 PEER = str(Path(__file__).with_name("ipc_peer.py"))

@@ -70,7 +70,7 @@ _COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool th
 # How often poll() looks for ended children (one poll(2) over their pidfds; waitpid only when one
 # ended) and overdue requests: often enough that a crash is answered within a few ms.
 _CHECK_INTERVAL_S = 0.01
-# Releases per inbox record (a Job's or a Release's): ~20 bytes each, well inside ipc.results.MAX_RECORD_BYTES.
+# Releases per inbox record (a Job's or a Release's): ~20 bytes each, well inside ipc.records.MAX_RECORD_BYTES.
 _RELEASES_PER_RECORD = 1024
 # Where a wake-up found messages (Router.poll's mask: the router's socket, then the watched results).
 _FROM_ROUTER, _FROM_RESULTS = 1, 2
@@ -159,7 +159,7 @@ class WorkerPool:
         self._queue: collections.deque[_Request] = collections.deque()
         self._idle: collections.OrderedDict[int, _Slot] = collections.OrderedDict()  # longest idle first
         self._answers = Answers(self.config.ordered)
-        self._staging: InputStaging | None = None  # once the request ring exists
+        self._staging = InputStaging(self._res)
         self._stats = dict(submitted=0, accepted=0, rejected=0, restarts=0)
         self._cold_start: collections.deque[float] = collections.deque(maxlen=_COLD_STARTS_KEPT)
         self._io_ready = False
@@ -187,7 +187,6 @@ class WorkerPool:
             log.warning("removed %d shared-memory segment(s) left by dead pools", len(removed))
         res = self._res
         res.open(self.config.request_ring_mib << 20)
-        self._staging = InputStaging(res.requests)
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
         self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
@@ -353,7 +352,7 @@ class WorkerPool:
             rejected=self._stats["rejected"], in_flight=len(self._requests), queued=len(self._queue),
             cold_start_ms=tuple(self._cold_start), shm_held_bytes=self._held_bytes,
             shm_peak_held_bytes=self._peak_held_bytes,
-            request_ring_used_bytes=self._staging.used_bytes() if self._staging is not None else 0,
+            request_ring_used_bytes=self._staging.used_bytes(),
             workers_reading_in_place=sum(s.ready and s.in_place for s in self._slots),
         )  # fmt: skip
 
@@ -371,7 +370,6 @@ class WorkerPool:
             if not req.cancelled:
                 self._reject(req, "pool closed")
         self._requests.clear()
-        self._staging = None  # its ring views the request ring's memory, which the finalizer unmaps
         self._finalizer()  # terminates the processes; nothing they hold is needed any more
         for slot in getattr(self, "_slots", ()):  # absent if start-up failed early
             # Unmapped now, or when the last reply still viewing the ring lets go of it.

@@ -4,7 +4,7 @@ reads them (in place, or copied into shared memory), and freed once its answer i
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
 from mmworker.common.inline import decoded_size_estimate
 from mmworker.errors import MmError
 from mmworker.pool.protocol import KIND_BYTES, KIND_STRING, REQUEST_RING, needs_io
+
+if TYPE_CHECKING:
+    from mmworker.pool.resources import PoolResources
 
 log = logging.getLogger("mmworker.pool")
 
@@ -92,10 +95,14 @@ def check_inputs(input_ids: Any, images: Any, mm_hashes: Sequence[str] | None) -
 
 
 class InputStaging:
-    """Puts a job's inputs where its worker reads them, and takes them back; uses the pool's request ring."""
+    """Puts a job's inputs where its worker reads them, and takes them back.
 
-    def __init__(self, ring: RingWriter) -> None:
-        self._ring = ring
+    It copies into the pool's request ring, which it asks its owner for at each use rather than
+    keeping a reference that would pin the ring's mapping past the owner's teardown.
+    """
+
+    def __init__(self, resources: "PoolResources") -> None:
+        self._resources = resources
 
     def stage(self, in_place: bool, frames: tuple) -> tuple[Held, int | None, list[tuple[int, int]]]:
         """In place (`in_place`: the worker reads this process's memory), where they are: nothing is
@@ -112,12 +119,13 @@ class InputStaging:
             return exports, None, places
         spans = [-(-memoryview(frame).nbytes // ALIGN) * ALIGN for frame in frames]
         size = max(ALIGN, sum(spans))
+        ring = self._resources.requests
         try:
-            allocation = self._ring.try_allocate(size)
+            allocation = ring.try_allocate(size)
         except AllocationTooLarge:
             allocation = None
         if allocation is not None:
-            return allocation, None, _copy_inputs(self._ring, allocation, frames, spans)
+            return allocation, None, _copy_inputs(ring, allocation, frames, spans)
         segment, fd = Segment.anonymous("inputs", size)
         try:
             one_off = RingWriter(segment, REQUEST_RING)
@@ -133,11 +141,12 @@ class InputStaging:
     def free(self, held: Held) -> None:
         """Let go of a job's inputs (what `stage` returned): an allocation goes back to the ring."""
         if isinstance(held, Allocation):
-            self._ring.release(held.offset, held.seq)
+            self._resources.requests.release(held.offset, held.seq)
 
     def used_bytes(self) -> int:
-        """The request ring's space held by inputs copied for running jobs."""
-        return self._ring.stats().used
+        """The request ring's space held by inputs copied for running jobs (0 once the pool is closed)."""
+        ring = self._resources.requests
+        return ring.stats().used if ring is not None else 0
 
 
 def _copy_inputs(ring: RingWriter, allocation: Allocation, frames: tuple, spans: list[int]) -> list[tuple[int, int]]:
