@@ -6,7 +6,16 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from mmworker import MmError
-from mmworker.pipeline import Explicit, Media, Repeat, Text, apply_layout, layout_by_placeholder
+from mmworker.pipeline import (
+    FEATURE_ALIGNMENT,
+    Explicit,
+    Media,
+    Repeat,
+    Text,
+    apply_layout,
+    layout_by_placeholder,
+    numpy_allocator,
+)
 
 P = 99
 
@@ -110,3 +119,16 @@ def test_matches_sglang_expansion(text, counts):
     # get_mm_items_offset finds runs, so it can only tell items apart when text separates them.
     assume(all(len(run) > 0 for run in text[1 : len(counts)]))
     assert offsets == their_offsets
+
+
+@pytest.mark.parametrize(
+    "shape, dtype", [((3, 1176), np.float32), ((1, 7), np.uint16), ((5,), np.int64), ((2, 3, 4), np.uint8)]
+)
+def test_numpy_allocator_gives_line_aligned_writable_arrays_of_the_shape(shape, dtype):
+    # Line-aligned as a ring slot is, so the kernels take their streaming path in process too.
+    arrays = [numpy_allocator(shape, np.dtype(dtype)) for _ in range(8)]
+    for a in arrays:
+        assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+        assert a.ctypes.data % FEATURE_ALIGNMENT == 0
+        a[...] = 1
+    assert all(a.sum() == a.size for a in arrays)  # none overlaps another

@@ -206,16 +206,19 @@ def test_patchify_equals_vertical_resize_then_hf_reshape(ps, m, tps, bh, bw, ext
 
 
 @pytest.mark.parametrize("shift", [0, 1, 3, 8, 15])
-def test_patchify_streams_a_large_output_at_any_alignment(shift):
-    # 20 x 30 patches x 1176 floats: 150 merge blocks streamed, the head of every one unaligned
-    # unless shift is 0; nothing is written past the end.
+@pytest.mark.parametrize("ps, m, tps", [(14, 2, 2), (16, 2, 2), (14, 1, 1), (16, 1, 3)])
+def test_patchify_streams_a_large_output_at_any_alignment(shift, ps, m, tps):
+    # Qwen's patch sizes, ~20 x 30 patches: with shift 0 the merge blocks go straight from the
+    # band to out as whole lines (but for 14 x 14 x 3 floats, not a whole number of line groups),
+    # otherwise through the stage with the head of every one unaligned; nothing is written past the end.
     rng = np.random.default_rng(shift)
-    pixels = rng.integers(0, 256, (280, 420, 4), dtype=np.uint8)
+    side = 20 * ps
+    pixels = rng.integers(0, 256, (side, 30 * ps, 4), dtype=np.uint8)
     mean, std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-    expected = hf_patchify(pixels[:, :, :3], reference_table(mean, std, "aten_u8"), 14, 2, 2)
+    expected = hf_patchify(pixels[:, :, :3], reference_table(mean, std, "aten_u8"), ps, m, tps)
     raw, flat = float_view_at(shift, expected.size)
-    patchify_into(pixels, vertical_coefficients(280, 280, "aten_u8"), normalisation(mean, std, "aten_u8"), 14, 2, 2,
-                  flat.reshape(expected.shape))  # fmt: skip
+    patchify_into(pixels, vertical_coefficients(side, side, "aten_u8"), normalisation(mean, std, "aten_u8"), ps, m,
+                  tps, flat.reshape(expected.shape))  # fmt: skip
     np.testing.assert_array_equal(flat.reshape(expected.shape), expected)
     tail = raw[flat.ctypes.data - raw.ctypes.data + flat.nbytes :]
     assert (tail == 0xAB).all()

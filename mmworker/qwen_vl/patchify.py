@@ -11,10 +11,13 @@ applying it in this loop gives the same bytes while the vertically resized image
 (one image-sized write and read fewer, and less memory per item). Per band of m * ps output
 rows: each row is the vertical pass's fixed-point sum of source rows, clipped to uint8 and
 normalised with the exact float32 operations of the processor being reproduced, into an L2-sized
-band of channel planes; then every merge block is assembled in an L1 stage from 16-float copies
-and streamed out with non-temporal stores (mmworker.common.stream). Output is written in order, one
-merge-block row at a time, so the source rows can arrive in bands (`PatchifyRows`) as a JPEG
-decodes: each band of merge-block rows is written as soon as the rows it reads are in.
+band of channel planes; then every merge block is streamed out with non-temporal stores
+(mmworker.common.stream): for patches of 14 or 16 pixels (every Qwen model) into a line-aligned
+output, as whole lines shuffled from its patch rows in registers; otherwise assembled in an L1
+stage from 16-float copies first (at 1288x728 the kernel took 1.53 ms that way, 1.25 ms without
+the stage). Output is written in order, one merge-block row at a time, so the source rows can
+arrive in bands (`PatchifyRows`) as a JPEG decodes: each band of merge-block rows is written as
+soon as the rows it reads are in.
 """
 
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import float32, int32, njit, uint32, uint64
 
-from mmworker.common.stream import LINE_FLOATS, copy_line, stream_fence, stream_out
+from mmworker.common.stream import LINE_FLOATS, copy_line, runs_to_lines, stream_fence, stream_out
 from mmworker.errors import MmError
 
 
@@ -158,6 +161,11 @@ class PatchifyRows:
             raise MmError(f"patchify: only {self._done} of {self._starts.shape[0]} merge-block rows had their rows")
 
 
+# Patch rows of Qwen's sizes (14: Qwen2-VL, 2.5-VL; 16: Qwen3-VL, 3.5) streamed with no stage.
+_ROWS_OF_14, _GROUP_OF_14 = runs_to_lines(14)
+_ROWS_OF_16, _GROUP_OF_16 = runs_to_lines(16)
+
+
 @njit(cache=True, error_model="numpy")
 def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scale, patch, merge, temporal, out):
     """The kernel behind `patchify_into`; src is the pixels as uint32 [h, w] (one word per pixel).
@@ -180,8 +188,24 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
     ksize = uint64(weights.shape[1])
     taps = weights.reshape(-1)
     block = uint64(merge * merge * 3 * temporal) * n_patch * n_patch  # floats of one merge block
-    stage = np.empty(block + uint64(LINE_FLOATS), np.float32)
     address = out.ctypes.data
+    # A merge block of patch rows of 14 or 16 floats goes straight from the band to out as whole
+    # lines when out is line-aligned; otherwise it is assembled in an L1 stage and streamed.
+    group = uint64(_GROUP_OF_14 if patch == 14 else _GROUP_OF_16 if patch == 16 else 0)
+    direct = group > 0 and block % group == 0 and address % 64 == 0
+    # Where each patch row of a merge block starts in the band, from the block's first column.
+    runs = np.empty(block // n_patch if direct else uint64(0), np.int64)
+    if direct:
+        k = 0
+        for mh in range(merge):
+            for mw in range(merge):
+                for c in range(3):
+                    for _t in range(temporal):
+                        corner = uint64(c) * plane_floats + uint64(mh) * n_patch * n_w + uint64(mw) * n_patch
+                        for py in range(n_patch):
+                            runs[k] = corner + py * n_w
+                            k += 1
+    stage = np.empty(uint64(0) if direct else block + uint64(LINE_FLOATS), np.float32)
     lines_per_row = uint64((patch + LINE_FLOATS - 1) // LINE_FLOATS)
     byte, g_shift, b_shift = uint32(255), uint32(8), uint32(16)
     two_w = n_w + n_w
@@ -228,6 +252,14 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
                         v = min(max(acc[a0 + x] >> shift, 0), 255)
                         band[o0 + x] = (float32(v) - o) / s
         for j in range(src.shape[1] // band_rows):
+            if direct:
+                x0 = uint64(j * merge) * n_patch
+                if patch == 14:
+                    _ROWS_OF_14(flat, at, band, x0, runs, block // group)
+                else:
+                    _ROWS_OF_16(flat, at, band, x0, runs, block // group)
+                at += block
+                continue
             # One merge block, in output order: sub-row, sub-column, channel, temporal copy, row.
             # Each run of `patch` floats is copied as whole lines; what a line writes past the
             # run's end is overwritten by the next run, and the last one lands in the padding.
