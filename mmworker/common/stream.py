@@ -18,7 +18,7 @@ pixel_values took 0.55-0.8 ms that way, 0.33 ms with this).
 An output made of equal runs of `n` floats gathered from elsewhere (a patch row each, in
 pixel_values) needs no stage when `runs_to_lines(n)` has an intrinsic for it: it loads the runs
 of a group of lcm(n, 16) floats into vectors, shuffles them into whole lines and stores those
-non-temporally, so every float is loaded and stored once (at 1288x728, 1.56 -> 1.25 ms for the
+non-temporally, so every float is loaded and stored once (at 1288x728, 1.53 -> 1.25 ms for the
 whole patchify).
 """
 
