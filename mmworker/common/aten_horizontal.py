@@ -7,19 +7,23 @@ coefficients again on every call (~70 us at 4032 -> 1148: 24 calls for the bands
 compare every byte with pillow-simd) and applies them to bands of 4-byte rows:
 
 - every output pixel reads G * 8 consecutive source pixels (G = 1..4 groups of 8 taps; a window
-  near the right edge is shifted left to stay in the row, and the taps it gains weigh 0);
+  near the right edge is shifted left to stay in the row, and the taps it gains weigh 0), or 4
+  when no window has more taps (a half group: every widening pass, whose bicubic windows have 4);
 - a group is 8 pixels, bytes reordered so that the same channel of two neighbouring pixels
   sits side by side as int16, multiplied by that pair's two weights and summed pairwise (LLVM
-  makes that one vpdpwssd, or vpmaddwd + vpaddd, on 512 bits);
+  makes that one vpdpwssd, or vpmaddwd + vpaddd, on 512 bits); a half group is the windows of
+  two outputs side by side in one such vector;
 - 4 output pixels at a time, so that their sums over the groups reduce together (6 shuffles and
-  3 adds for 4 pixels), then round, shift, clip and store as 16 bytes.
+  3 adds for 4 pixels; 2 and 1 for half groups), then round, shift, clip and store as 16 bytes.
 
 All sums are int32 sums of int16 x uint8 products (|weight| < 2^15, at most 32 taps): exact in any
 order, so the bytes equal pillow-simd's. Measured on the dev VM per row, 128-row bands, against
-pillow-simd's resize of the same band: 4032 -> 1148 1.23 vs 2.0 us, 1920 -> 1316 0.79 vs 1.26. The
-kernel is generic LLVM IR and compiles for any CPU, but it is only used where it was measured
-faster: narrowing passes, with AVX-512 BW (`aten_horizontal` returns None elsewhere, and
-pillow-simd runs as before).
+pillow-simd's resize of the same band: 4032 -> 1148 1.23 vs 2.0 us, 1920 -> 1316 0.79 vs 1.26;
+whole images, half groups: 640 -> 644 on 480 rows 0.118 vs 0.202 ms, 1280 -> 1288 on 720 rows
+0.38 vs 0.58 ms (with whole groups of 8 taps these were 0.198 and 0.617: no faster than
+pillow-simd). The kernel is generic LLVM IR and compiles for any CPU, but it is only used where it
+was measured faster: with AVX-512 BW (`aten_horizontal` returns None elsewhere, and pillow-simd
+runs as before).
 """
 
 import numpy as np
@@ -33,6 +37,9 @@ from mmworker.errors import MmError
 
 _TAPS_PER_GROUP = 8
 _MAX_GROUPS = 4
+# `groups` of a pass whose windows have at most 4 taps (every widening one): half a group per
+# output, two outputs per vector, so half the work of a group of 8 taps.
+_HALF_GROUP = 0
 # Bytes of 8 RGBX pixels, reordered to (p0.r p1.r p0.g p1.g p0.b p1.b p0.x p1.x, then p2, p3 ...).
 _PAIR_ORDER = [8 * j + b for j in range(4) for b in (0, 4, 1, 5, 2, 6, 3, 7)]
 # Lanes of two <16 x i32> (4 blocks of R, G, B, X each): blocks 0 and 2 of both, and blocks 1 and 3.
@@ -56,7 +63,7 @@ class AtenHorizontal:
         self.in_w, self.out_w, self.groups, self.precision = in_w, out_w, groups, precision
         quads = (out_w + 3) // 4
         self.starts = np.zeros(quads * 4, np.int32)
-        self.table = np.zeros(quads * 4 * groups * 32, np.int16)
+        self.table = np.zeros(quads * 4 * _table_per_output(groups), np.int16)
         _fill_table(bounds, weights, in_w, groups, self.starts, self.table)
 
     def __call__(self, rows: np.ndarray, out: np.ndarray) -> None:
@@ -70,25 +77,40 @@ class AtenHorizontal:
 
 
 def aten_horizontal(in_w: int, out_w: int) -> AtenHorizontal | None:
-    """The kernel for this pass, or None where pillow-simd should run it: no AVX-512 BW here, a
-    widening pass (where it was no faster: one pillow-simd call per image sets up once, and 4-5
-    taps leave little to gain; 640x480 and 1280x720 JPEGs took 0.7% and 1.7% longer end to end), a
-    window of more than 32 taps, or a row narrower than one window."""
-    if not FAST_HERE or out_w >= in_w:
+    """The kernel for this pass, or None where pillow-simd should run it: no AVX-512 BW here, an
+    unchanged width, a widening pass with windows of more than 4 taps (bicubic's have at most 4; with
+    a whole group of 8 taps widening was no faster than pillow-simd: 640x480 and 1280x720 JPEGs took
+    0.7% and 1.7% longer end to end), a window of more than 32 taps, or a row narrower than one window."""
+    if not FAST_HERE or out_w == in_w:
         return None
     bounds, weights, precision = resample.axis_coefficients(in_w, out_w, resample.BICUBIC, aten=True)
-    groups = -(-int(bounds[:, 1].max()) // _TAPS_PER_GROUP)
-    if groups > _MAX_GROUPS or in_w < groups * _TAPS_PER_GROUP or np.abs(weights).max() >= 1 << 15:
+    taps = int(bounds[:, 1].max())
+    groups = _HALF_GROUP if taps <= _TAPS_PER_GROUP // 2 else -(-taps // _TAPS_PER_GROUP)
+    if out_w > in_w and groups != _HALF_GROUP:
+        return None
+    if groups > _MAX_GROUPS or in_w < _window(groups) or np.abs(weights).max() >= 1 << 15:
         return None
     return AtenHorizontal(in_w, out_w, bounds, weights, precision, groups)
+
+
+def _window(groups: int) -> int:
+    """Taps every output reads (those past its own weigh 0)."""
+    return _TAPS_PER_GROUP // 2 if groups == _HALF_GROUP else groups * _TAPS_PER_GROUP
+
+
+def _table_per_output(groups: int) -> int:
+    """Weights (int16) per output in the table: its window's taps, each repeated for the 4 channels."""
+    return 4 * _window(groups)
 
 
 @njit(cache=True)
 def _fill_table(bounds, weights, in_w, groups, starts, table):
     """starts[x]: the first pixel of output x's window (shifted left to stay in the row); table: per
     quad of outputs, per group, per output, the group's 4 weight pairs each repeated for the 4
-    channels, (w0 w1) x 4, (w2 w3) x 4, (w4 w5) x 4, (w6 w7) x 4; the taps a window gains weigh 0."""
-    span = groups * _TAPS_PER_GROUP
+    channels, (w0 w1) x 4, (w2 w3) x 4, (w4 w5) x 4, (w6 w7) x 4; the taps a window gains weigh 0.
+    A half group has 2 pairs per output, (w0 w1) x 4, (w2 w3) x 4, so that two outputs fill a vector."""
+    half = groups == _HALF_GROUP
+    span, row, per_quad = (4, 16, 1) if half else (groups * _TAPS_PER_GROUP, 32, groups)
     for x in range(bounds.shape[0]):
         first, count = bounds[x, 0], bounds[x, 1]
         start = min(first, in_w - span)
@@ -97,7 +119,7 @@ def _fill_table(bounds, weights, in_w, groups, starts, table):
         for k in range(count):
             tap = first - start + k  # its place in the window
             g, pair, side = tap // _TAPS_PER_GROUP, (tap % _TAPS_PER_GROUP) // 2, tap % 2
-            at = ((quad * groups + g) * 4 + i) * 32 + pair * 8 + side
+            at = ((quad * per_quad + g) * 4 + i) * row + pair * 8 + side
             for channel in range(4):
                 table[at + 2 * channel] = weights[x, k]
 
@@ -115,31 +137,49 @@ def _emit_quad(context, builder, groups, src_p, src_at, starts_p, table_p, x0, o
         undef = ir.Constant(v16i32, None)
         return builder.shuffle_vector(builder.insert_element(undef, value, ir.Constant(i32, 0)), undef, mask([0] * 16))
 
-    quad_table = builder.gep(table_p, [builder.mul(x0, ir.Constant(i64, groups * 32))])
-    sums = []
-    for i in range(4):
+    quad_table = builder.gep(table_p, [builder.mul(x0, ir.Constant(i64, _table_per_output(groups)))])
+
+    def window_at(i):  # byte index of output x0 + i's first pixel
         start = builder.sext(builder.load(builder.gep(starts_p, [builder.add(x0, ir.Constant(i64, i))])), i64)
-        at = builder.add(src_at, builder.mul(start, ir.Constant(i64, 4)))
-        total = None
-        for g in range(groups):
-            pixels_p = builder.gep(src_p, [builder.add(at, ir.Constant(i64, g * _TAPS_PER_GROUP * 4))])
-            pixels = builder.load(builder.bitcast(pixels_p, v32i8.as_pointer()), align=1)
-            paired = builder.zext(builder.shuffle_vector(pixels, ir.Constant(v32i8, None), mask(_PAIR_ORDER)), v32i32)
-            weights_p = builder.gep(quad_table, [ir.Constant(i64, (g * 4 + i) * 32)])
-            weights = builder.sext(builder.load(builder.bitcast(weights_p, v32i16.as_pointer()), align=2), v32i32)
-            products = builder.mul(paired, weights)
-            summed = builder.add(
-                builder.shuffle_vector(products, products, mask(list(range(0, 32, 2)))),
-                builder.shuffle_vector(products, products, mask(list(range(1, 32, 2)))),
-            )
-            total = summed if total is None else builder.add(total, summed)
-        sums.append(total)
+        return builder.add(src_at, builder.mul(start, ir.Constant(i64, 4)))
+
+    def pair_sums(pixels, weights_at):  # 32 bytes of pixels, 32 weights: <16 x i32> of pairwise sums
+        paired = builder.zext(builder.shuffle_vector(pixels, ir.Constant(v32i8, None), mask(_PAIR_ORDER)), v32i32)
+        weights_p = builder.gep(quad_table, [ir.Constant(i64, weights_at)])
+        weights = builder.sext(builder.load(builder.bitcast(weights_p, v32i16.as_pointer()), align=2), v32i32)
+        products = builder.mul(paired, weights)
+        return builder.add(
+            builder.shuffle_vector(products, products, mask(list(range(0, 32, 2)))),
+            builder.shuffle_vector(products, products, mask(list(range(1, 32, 2)))),
+        )
 
     def fold(a, b):  # per pixel: its 4 blocks summed; a's two halves first, then b's
         even, odd = mask(_EVEN_BLOCKS), mask(_ODD_BLOCKS)
         return builder.add(builder.shuffle_vector(a, b, even), builder.shuffle_vector(a, b, odd))
 
-    result = fold(fold(sums[0], sums[1]), fold(sums[2], sums[3]))
+    if groups == _HALF_GROUP:
+        # Two outputs per vector: their 4-pixel windows side by side, then 2 blocks per output.
+        halves = []
+        for i in (0, 2):
+            first, second = (
+                builder.load(builder.bitcast(builder.gep(src_p, [window_at(j)]), v16i8.as_pointer()), align=1)
+                for j in (i, i + 1)
+            )
+            pixels = builder.shuffle_vector(first, second, mask(list(range(32))))
+            halves.append(pair_sums(pixels, i * 16))
+        result = fold(halves[0], halves[1])
+    else:
+        sums = []
+        for i in range(4):
+            at = window_at(i)
+            total = None
+            for g in range(groups):
+                pixels_p = builder.gep(src_p, [builder.add(at, ir.Constant(i64, g * _TAPS_PER_GROUP * 4))])
+                pixels = builder.load(builder.bitcast(pixels_p, v32i8.as_pointer()), align=1)
+                summed = pair_sums(pixels, (g * 4 + i) * 32)
+                total = summed if total is None else builder.add(total, summed)
+            sums.append(total)
+        result = fold(fold(sums[0], sums[1]), fold(sums[2], sums[3]))
     half = builder.shl(ir.Constant(i32, 1), builder.sub(shift, ir.Constant(i32, 1)))
     result = builder.ashr(builder.add(result, splat(half)), splat(shift))
     low, high = ir.Constant(v16i32, None), ir.Constant(v16i32, [255] * 16)
@@ -179,17 +219,20 @@ def _band_intrinsic(groups: int):
 
         return sig, codegen
 
-    band.__name__ = band.__qualname__ = f"_band{groups}"
+    band.__name__ = band.__qualname__ = "_band_half" if groups == _HALF_GROUP else f"_band{groups}"
     return intrinsic(band)
 
 
+_band_half = _band_intrinsic(_HALF_GROUP)
 _band1, _band2, _band3, _band4 = (_band_intrinsic(groups) for groups in range(1, _MAX_GROUPS + 1))
 
 
 @njit(cache=True, inline="always")
 def _band(groups, src, starts, table, out, rows, in_row, out_row, quads, precision):
     """The band kernel for `groups` groups of taps (chosen here, outside its loops)."""
-    if groups == 1:
+    if groups == _HALF_GROUP:
+        _band_half(src, starts, table, out, rows, in_row, out_row, quads, precision)
+    elif groups == 1:
         _band1(src, starts, table, out, rows, in_row, out_row, quads, precision)
     elif groups == 2:
         _band2(src, starts, table, out, rows, in_row, out_row, quads, precision)
@@ -212,7 +255,7 @@ def _horizontal(src, starts, table, groups, precision, out):
     # The last 1-3 pixels of each row: one more quad (its table is padded to whole quads) into a
     # stage; the columns of starts and table from `whole` on are viewed as if they came first.
     stage = np.empty(16, np.uint8)
-    tail_starts, tail_table = starts[whole:], table[whole * groups * 32 :]
+    tail_starts, tail_table = starts[whole:], table[whole * (16 if groups == _HALF_GROUP else groups * 32) :]
     for r in range(n):
         row = flat_src[r * in_row : (r + 1) * in_row]
         _band(groups, row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
