@@ -23,6 +23,7 @@ libzmq runs its own I/O and reaper threads in every process that uses it; they m
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,16 +34,24 @@ from zmq.backend import Socket as _CompiledSocket
 from zmq.backend import zmq_poll as _zmq_poll
 
 from ipc.errors import ChannelClosed, IpcError, WireError
+from ipc.segment import creator_is_gone, creator_stamp
 from ipc.wire import Message, decode, encode
 
 log = logging.getLogger(__name__)
 
+RUNTIME_DIR_PREFIX = "mmworker"
+
 
 class RuntimeDir:
-    """A private (0700) directory holding a client's ipc:// socket files; removed on close."""
+    """A private (0700) directory holding a client's ipc:// socket files; removed on close.
 
-    def __init__(self, prefix: str = "mmworker-") -> None:
-        self.path = tempfile.mkdtemp(prefix=prefix)  # mkdtemp creates it 0700
+    Its name, `<prefix>-<pid>-<start time>-<random>` in the temporary directory, says which process
+    created it, so that `sweep_stale` can remove the directories of clients that were killed before
+    they could close (SIGKILL), and never one whose creator is alive.
+    """
+
+    def __init__(self, prefix: str = RUNTIME_DIR_PREFIX) -> None:
+        self.path = tempfile.mkdtemp(prefix=f"{prefix}-{creator_stamp()}-")  # mkdtemp creates it 0700
         os.chmod(self.path, 0o700)
 
     def endpoint(self, name: str) -> str:
@@ -51,6 +60,31 @@ class RuntimeDir:
     def close(self) -> None:
         if os.path.isdir(self.path):
             shutil.rmtree(self.path)
+
+    @staticmethod
+    def sweep_stale(prefix: str = RUNTIME_DIR_PREFIX, parent: str | None = None) -> list[str]:
+        """Remove this user's runtime directories (in `parent`, default the temporary directory) whose
+        creating process is gone and that hold nothing but sockets; returns the paths removed."""
+        parent = tempfile.gettempdir() if parent is None else parent
+        removed = []
+        for entry in os.listdir(parent):
+            path = os.path.join(parent, entry)
+            if not creator_is_gone(entry, prefix):
+                continue
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                    continue
+                inside = [os.path.join(path, name) for name in os.listdir(path)]
+                if not all(stat.S_ISSOCK(os.lstat(item).st_mode) for item in inside):
+                    continue  # not what a RuntimeDir holds: leave it alone
+                for item in inside:
+                    os.unlink(item)
+                os.rmdir(path)
+            except FileNotFoundError:  # another sweep got there first
+                continue
+            removed.append(path)
+        return removed
 
 
 def new_context() -> zmq.Context:

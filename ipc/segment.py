@@ -46,12 +46,26 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def creator_stamp() -> str:
+    """`<pid>-<start time>` of this process: what names of things it creates begin with after their prefix."""
+    pid = os.getpid()
+    return f"{pid}-{process_start_time(pid)}"
+
+
+def creator_is_gone(name: str, prefix: str) -> bool:
+    """Whether `name` is `prefix-<pid>-<start>-...` (a `creator_stamp` name) and that process no longer
+    exists (its pid gone, or now another process's, with another start time). False for other names."""
+    parts = name.split("-")
+    if len(parts) < 4 or parts[0] != prefix or not parts[1].isdigit() or not parts[2].isdigit():
+        return False
+    return process_start_time(int(parts[1])) != int(parts[2])
+
+
 def new_name(tag: str) -> str:
     """A fresh segment name owned by this process: PREFIX-<pid>-<start time>-<tag>-<random>."""
-    pid = os.getpid()
     if not tag.replace("_", "").isalnum():
         raise ValueError(f"segment tag must be alphanumeric (underscores allowed), got {tag!r}")
-    return f"{PREFIX}-{pid}-{process_start_time(pid)}-{tag}-{secrets.token_hex(4)}"
+    return f"{PREFIX}-{creator_stamp()}-{tag}-{secrets.token_hex(4)}"
 
 
 def free_bytes() -> int:
@@ -203,11 +217,8 @@ def sweep_stale(prefix: str = PREFIX) -> list[str]:
     except FileNotFoundError:
         return removed
     for entry in entries:
-        parts = entry.split("-")
-        if len(parts) < 4 or parts[0] != prefix or not parts[1].isdigit() or not parts[2].isdigit():
-            continue
-        if process_start_time(int(parts[1])) == int(parts[2]):
-            continue  # the creator is alive: not ours to remove
+        if not creator_is_gone(entry, prefix):
+            continue  # not our naming scheme, or the creator is alive: not ours to remove
         path = os.path.join(SHM_DIR, entry)
         try:
             if stat.S_ISREG(os.lstat(path).st_mode):

@@ -3,6 +3,8 @@
 import os
 import random
 import stat
+import subprocess
+import sys
 import threading
 import time
 
@@ -143,6 +145,46 @@ def recv_until(router, predicate, timeout=5.0):
 def test_runtime_dir_is_private(channel):
     rundir, *_ = channel
     assert stat.S_IMODE(os.stat(rundir.path).st_mode) == 0o700
+
+
+# A process that makes a runtime directory with a bound socket in it, prints its path, and keeps it
+# until its stdin closes (a client that is alive) or is killed first (one that never closes).
+_RUNTIME_DIR_OWNER = """
+import socket, sys
+from ipc.channels import RuntimeDir
+rundir = RuntimeDir()
+sock = socket.socket(socket.AF_UNIX)
+sock.bind(rundir.path + "/work")
+print(rundir.path, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_sweep_removes_only_socket_dirs_of_dead_creators(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+
+    def owner() -> tuple[subprocess.Popen, str]:
+        proc = subprocess.Popen([sys.executable, "-c", _RUNTIME_DIR_OWNER], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        return proc, proc.stdout.readline().strip()
+
+    alive, alive_dir = owner()
+    killed, orphan_dir = owner()
+    killed.kill()
+    killed.wait()
+    decoy = tmp_path / f"mmworker-{killed.pid}-1-decoy"  # the naming scheme, but a file inside
+    decoy.mkdir()
+    (decoy / "notes.txt").write_text("not a socket")
+    other = tmp_path / "mmworker-somebody-else"
+    other.mkdir()
+    try:
+        assert os.path.dirname(orphan_dir) == str(tmp_path) and os.path.exists(orphan_dir)
+        assert RuntimeDir.sweep_stale(parent=str(tmp_path)) == [orphan_dir]
+        assert not os.path.exists(orphan_dir)
+        assert os.path.exists(alive_dir + "/work") and decoy.exists() and other.exists()
+    finally:
+        alive.stdin.close()
+        alive.wait()
 
 
 def test_dispatch_goes_to_idle_workers_only(channel):
