@@ -95,6 +95,7 @@ def test_bad_arguments_are_refused():
         (1920, 1080, "PNG", 1003520),  # 3-byte pixels: pillow-simd either way
         (1290, 730, "JPEG", 1003520),  # widening (1290 -> 1316): half groups
         (640, 480, "JPEG", 1003520),  # widening both ways (640 -> 644)
+        (1289, 730, "JPEG", 1003520),  # narrowing by one pixel (1289 -> 1288): half groups, in place
     ],
 )
 def test_pixel_values_are_the_same_with_and_without_the_kernel(monkeypatch, width, height, fmt, max_pixels):
