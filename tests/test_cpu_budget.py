@@ -47,7 +47,9 @@ def test_the_budget_interrupts_python_work_through_except_clauses(budget):
     started = time.process_time()
     with pytest.raises(BudgetExceeded, match=f"^{re.escape(MESSAGE)}$"):
         budget.run(0.05, lambda: burn(10.0))
-    assert 0.05 <= time.process_time() - started < 5.0
+    # At about the budget, not at once: the kernel fires ITIMER_VIRTUAL on its own (scaled, sampled)
+    # user time, which can run a few ms ahead of the precise clock process_time reads (0.0496 s seen).
+    assert 0.04 <= time.process_time() - started < 5.0
     assert blocked() and signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0)
 
 
