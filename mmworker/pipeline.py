@@ -27,6 +27,7 @@ import numpy as np
 
 from mmworker.common.jpeg_rows import JpegRows
 from mmworker.common.pixels import RgbImage
+from mmworker.common.stream import LINE_BYTES
 from mmworker.errors import MmError
 
 # alloc(shape, dtype) -> a C-contiguous array the family fills; it must not keep other references.
@@ -35,7 +36,7 @@ Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 # Alignment of every feature allocated here, as in a shared-memory ring: kernels stream their
 # output as whole cache lines only into a line-aligned buffer (malloc guarantees 16 bytes).
-FEATURE_ALIGNMENT = 64
+FEATURE_ALIGNMENT = LINE_BYTES
 
 
 def numpy_allocator(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -31,6 +31,7 @@ from numba.extending import intrinsic
 
 # Floats per non-temporal store: one 64-byte cache line.
 LINE_FLOATS = 16
+LINE_BYTES = 4 * LINE_FLOATS
 
 
 def _line_pointer(context, builder, array_type, array, index):

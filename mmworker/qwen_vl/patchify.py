@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import float32, int32, njit, uint32, uint64
 
-from mmworker.common.stream import LINE_FLOATS, copy_line, runs_to_lines, stream_fence, stream_out
+from mmworker.common.stream import LINE_BYTES, LINE_FLOATS, copy_line, runs_to_lines, stream_fence, stream_out
 from mmworker.errors import MmError
 
 
@@ -192,19 +192,20 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
     # A merge block of patch rows of 14 or 16 floats goes straight from the band to out as whole
     # lines when out is line-aligned; otherwise it is assembled in an L1 stage and streamed.
     group = uint64(_GROUP_OF_14 if patch == 14 else _GROUP_OF_16 if patch == 16 else 0)
-    direct = group > 0 and block % group == 0 and address % 64 == 0
-    # Where each patch row of a merge block starts in the band, from the block's first column.
-    runs = np.empty(block // n_patch if direct else uint64(0), np.int64)
-    if direct:
-        k = 0
-        for mh in range(merge):
-            for mw in range(merge):
-                for c in range(3):
-                    for _t in range(temporal):
-                        corner = uint64(c) * plane_floats + uint64(mh) * n_patch * n_w + uint64(mw) * n_patch
-                        for py in range(n_patch):
-                            runs[k] = corner + py * n_w
-                            k += 1
+    direct = group > 0 and block % group == 0 and address % LINE_BYTES == 0
+    # Where each patch row of a merge block starts in the band, from the block's first column, in
+    # output order: sub-row, sub-column, channel, temporal copy, row.
+    n_runs = block // n_patch
+    runs = np.empty(n_runs, np.int64)
+    k = 0
+    for mh in range(merge):
+        for mw in range(merge):
+            for c in range(3):
+                for _t in range(temporal):
+                    corner = uint64(c) * plane_floats + uint64(mh) * n_patch * n_w + uint64(mw) * n_patch
+                    for py in range(n_patch):
+                        runs[k] = corner + py * n_w
+                        k += 1
     stage = np.empty(uint64(0) if direct else block + uint64(LINE_FLOATS), np.float32)
     lines_per_row = uint64((patch + LINE_FLOATS - 1) // LINE_FLOATS)
     byte, g_shift, b_shift = uint32(255), uint32(8), uint32(16)
@@ -260,22 +261,15 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
                     _ROWS_OF_16(flat, at, band, x0, runs, block // group)
                 at += block
                 continue
-            # One merge block, in output order: sub-row, sub-column, channel, temporal copy, row.
-            # Each run of `patch` floats is copied as whole lines; what a line writes past the
-            # run's end is overwritten by the next run, and the last one lands in the padding.
-            staged = uint64(0)
-            for mh in range(merge):
-                for mw in range(merge):
-                    x0 = uint64((j * merge + mw) * patch)
-                    for c in range(3):
-                        corner = uint64(c) * plane_floats + uint64(mh * patch) * n_w + x0
-                        for _t in range(temporal):
-                            for py in range(n_patch):
-                                q = corner + py * n_w
-                                for line in range(lines_per_row):
-                                    step = line * uint64(LINE_FLOATS)
-                                    copy_line(stage, staged + step, band, q + step)
-                                staged += n_patch
+            # One merge block staged in output order: each run of `patch` floats is copied as whole
+            # lines; what a line writes past the run's end is overwritten by the next run, and the
+            # last one lands in the padding.
+            x0 = uint64(j * merge) * n_patch
+            for k in range(n_runs):
+                q, staged = x0 + uint64(runs[k]), uint64(k) * n_patch
+                for line in range(lines_per_row):
+                    step = line * uint64(LINE_FLOATS)
+                    copy_line(stage, staged + step, band, q + step)
             stream_out(flat, at, stage, block, address)
             at += block
     stream_fence()
