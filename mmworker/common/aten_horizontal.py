@@ -98,11 +98,13 @@ def aten_horizontal(in_w: int, out_w: int) -> AtenHorizontal | None:
     return AtenHorizontal(in_w, out_w, bounds, weights, precision, groups)
 
 
+@njit(cache=True)
 def _window(groups: int) -> int:
     """Taps every output reads (those past its own weigh 0)."""
     return _TAPS_PER_GROUP // 2 if groups == _HALF_GROUP else groups * _TAPS_PER_GROUP
 
 
+@njit(cache=True)
 def _table_per_output(groups: int) -> int:
     """Weights (int16) per output in the table: its window's taps, each repeated for the 4 channels."""
     return 4 * _window(groups)
@@ -114,8 +116,9 @@ def _fill_table(bounds, weights, in_w, groups, starts, table):
     quad of outputs, per group, per output, the group's 4 weight pairs each repeated for the 4
     channels, (w0 w1) x 4, (w2 w3) x 4, (w4 w5) x 4, (w6 w7) x 4; the taps a window gains weigh 0.
     A half group has 2 pairs per output, (w0 w1) x 4, (w2 w3) x 4, so that two outputs fill a vector."""
-    half = groups == _HALF_GROUP
-    span, row, per_quad = (4, 16, 1) if half else (groups * _TAPS_PER_GROUP, 32, groups)
+    span = _window(groups)
+    # int16 weights per output and group (a half group's output fills half a row), groups per quad
+    row, per_quad = (16, 1) if groups == _HALF_GROUP else (32, groups)
     for x in range(bounds.shape[0]):
         first, count = bounds[x, 0], bounds[x, 1]
         start = min(first, in_w - span)
@@ -168,6 +171,9 @@ def _emit_quad(context, builder, groups, src_p, src_ats, starts_p, table_p, x0, 
         even, odd = mask(_EVEN_BLOCKS), mask(_ODD_BLOCKS)
         return builder.add(builder.shuffle_vector(a, b, even), builder.shuffle_vector(a, b, odd))
 
+    rounding = splat(builder.shl(ir.Constant(i32, 1), builder.sub(shift, ir.Constant(i32, 1))))
+    shifts = splat(shift)
+    low, high = ir.Constant(v16i32, None), ir.Constant(v16i32, [255] * 16)
     for src_at, out_at in zip(src_ats, out_ats, strict=True):
         if groups == _HALF_GROUP:
             # Two outputs per vector: their 4-pixel windows side by side, then 2 blocks per output.
@@ -195,9 +201,7 @@ def _emit_quad(context, builder, groups, src_p, src_ats, starts_p, table_p, x0, 
                     total = summed if total is None else builder.add(total, summed)
                 sums.append(total)
             result = fold(fold(sums[0], sums[1]), fold(sums[2], sums[3]))
-        half = builder.shl(ir.Constant(i32, 1), builder.sub(shift, ir.Constant(i32, 1)))
-        result = builder.ashr(builder.add(result, splat(half)), splat(shift))
-        low, high = ir.Constant(v16i32, None), ir.Constant(v16i32, [255] * 16)
+        result = builder.ashr(builder.add(result, rounding), shifts)
         result = builder.select(builder.icmp_signed("<", result, low), low, result)
         result = builder.select(builder.icmp_signed(">", result, high), high, result)
         target = builder.bitcast(builder.gep(out_p, [out_at]), v16i8.as_pointer())
@@ -280,7 +284,7 @@ def _horizontal(src, starts, table, groups, precision, out):
     # The last 1-3 pixels of each row: one more quad (its table is padded to whole quads) into a
     # stage; the columns of starts and table from `whole` on are viewed as if they came first.
     stage = np.empty(16, np.uint8)
-    tail_starts, tail_table = starts[whole:], table[whole * (16 if groups == _HALF_GROUP else groups * 32) :]
+    tail_starts, tail_table = starts[whole:], table[whole * _table_per_output(groups) :]
     for r in range(n):
         row = flat_src[r * in_row : (r + 1) * in_row]
         _band(groups, row, tail_starts, tail_table, stage, int64(1), in_row, int64(16), int64(1), precision)
