@@ -50,11 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from ipc.channels import RuntimeDir
 from ipc.errors import ChannelClosed, IpcError
 from ipc.peer_memory import places_of
 from ipc.ring import RingReader
-from ipc.segment import Segment, sweep_stale
+from ipc.segment import Segment
 from ipc.wire import Done, Failed, Hello, Job, Release
 from mmworker.errors import MmError
 from mmworker.pool.answers import Answers
@@ -183,12 +182,6 @@ class WorkerPool:
     # --- start-up ------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        removed = sweep_stale()
-        if removed:
-            log.warning("removed %d shared-memory segment(s) left by dead pools", len(removed))
-        removed = RuntimeDir.sweep_stale()
-        if removed:
-            log.warning("removed %d socket directory(ies) left by dead pools", len(removed))
         res = self._res
         res.open(self.config.request_ring_mib << 20)
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]

@@ -2,6 +2,7 @@
 directory): the one place that creates them and the one teardown that destroys them all."""
 
 import json
+import logging
 import os
 import select
 import signal
@@ -14,9 +15,11 @@ from ipc.channels import Router, RuntimeDir, new_context
 from ipc.inbox import Inbox
 from ipc.results import ResultsChannel
 from ipc.ring import RingWriter
-from ipc.segment import Segment, new_name
+from ipc.segment import Segment, new_name, sweep_stale
 from mmworker.pool.protocol import REQUEST_RING
 from mmworker.runtime import tuned_environ
+
+log = logging.getLogger("mmworker.pool")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _STOP_GRACE_S = 2.0
@@ -46,7 +49,14 @@ class PoolResources:
 
     def open(self, request_ring_bytes: int) -> None:
         """The runtime directory, the ZeroMQ router (for the I/O process), the results channel, the
-        wake-up fd over both, and the request ring, which workers map through an inherited descriptor."""
+        wake-up fd over both, and the request ring, which workers map through an inherited descriptor;
+        first, the segments and runtime directories that pools killed before their teardown left."""
+        removed = sweep_stale()
+        if removed:
+            log.warning("removed %d shared-memory segment(s) left by dead pools", len(removed))
+        removed = RuntimeDir.sweep_stale()
+        if removed:
+            log.warning("removed %d socket directory(ies) left by dead pools", len(removed))
         self.rundir = RuntimeDir()
         self.context = new_context()
         self.router = Router(self.context, self.rundir.endpoint("work"))
