@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from blake3 import blake3
 
-from mmworker.loadtest.tally import Tally
+from mmworker.loadtest.tally import Tally, reservoir_slot
 from mmworker.loadtest.workload import RequestSpec, Workload
 from mmworker.pool import Reply, WorkerPool
 
@@ -177,9 +177,8 @@ class Runner:
         if reply.ok:
             if spec.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
                 self.inline_specs.append(spec)
-            # Reservoir sampling: every accepted request has the same chance to be verified.
-            accepted = self.tally.accepted
-            slot = len(self.sample) if len(self.sample) < self.verify_k else self.rng.randrange(accepted)
+            # Every accepted request has the same chance to be verified.
+            slot = reservoir_slot(self.rng, len(self.sample), self.verify_k, self.tally.accepted)
             if slot < self.verify_k:
                 sampled = (spec.index, reply_digest(reply, corrupt=self.corrupt_sample))
                 if slot < len(self.sample):

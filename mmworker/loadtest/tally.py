@@ -42,6 +42,13 @@ def reason_of(error: str) -> str:
     return re.sub(r"\d+", "N", error)[:60]
 
 
+def reservoir_slot(rng: random.Random, kept: int, capacity: int, seen: int) -> int:
+    """Reservoir sampling: where the `seen`-th item (counting from 1) goes in a uniform sample of
+    `capacity` that holds `kept` so far: appended while it is not full, then a random place; a slot
+    of `capacity` or more means the item is not kept."""
+    return kept if kept < capacity else rng.randrange(seen)
+
+
 class LogHistogram:
     """Counts of values (ms) in buckets whose edges grow by 0.1% from 0.1 us to 10^4 s (~200 KB).
 
@@ -145,13 +152,11 @@ class Tally:
         self.latency.add(latency_ms)
         for name, value in zip(LATENCY_PARTS, parts_ms, strict=True):
             self.parts[name].add(value)
-        # Reservoir sampling: every measured accepted request has the same chance to be plotted.
-        if self._plotted < PLOT_SAMPLE:
-            slot, self._plotted = self._plotted, self._plotted + 1
-        else:
-            slot = self._plot_rng.randrange(self.measured_accepted)
+        # Every measured accepted request has the same chance to be plotted.
+        slot = reservoir_slot(self._plot_rng, self._plotted, PLOT_SAMPLE, self.measured_accepted)
         if slot < PLOT_SAMPLE:
             self._plot[slot] = answered_s, latency_ms
+            self._plotted = max(self._plotted, slot + 1)
 
     @property
     def plot_points(self) -> np.ndarray:
