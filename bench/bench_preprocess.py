@@ -1,15 +1,18 @@
 """Benchmark of bytes -> pixel_values per image: mmworker vs Hugging Face (both processors) vs the Rust crate.
 
 One process per implementation family, one thread each, pinned to one CPU, allocator tuned, the
-same encoded images; in every round the in-process implementations are called in turn, each timed
-call right after an untimed one of the same implementation (yardstick.interleaved_medians), and
-each round's medians are taken over those calls; the result is the median over rounds:
+same encoded images; in every round all implementations, the one in another process too, are
+called in turn, each timed call right after an untimed one of the same implementation
+(yardstick.interleaved_medians), and each round's medians are taken over those calls; the result
+is the median over rounds:
 - mmworker `qwen_vl.preprocess` in both modes (aten_u8, pil);
 - `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install
   transformers`; it pulls neither torch nor Pillow);
 - the torchvision `Qwen2VLImageProcessor` with one torch thread, run in the reference venv
   (.venv-ref, scripts/setup_reference.sh) because torchvision would replace pillow-simd here, as a
-  process on the same CPU that measures when asked, so its rounds interleave with the others;
+  process on the same CPU that makes and times one call when asked, so that its calls take
+  their turn among the others' and find the caches as the others' calls left them, as every
+  other implementation's do (timing blocks of its own back-to-back calls would not);
 - the sglang 0.5.23 Rust extension's `qwen_vl.preprocess` with SGL_MM_RS_THREADS=1 (a yardstick only).
 Also: the floor (decode alone + one write of the output, with non-temporal stores as the kernel
 writes it, into one of four buffers in turn so that it is not in cache: a ring slot never is) and
@@ -32,7 +35,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from yardstick import interleaved_medians, load_reference_extension
+from yardstick import interleaved_medians, load_reference_extension, local_timer
 
 ROOT = Path(__file__).resolve().parent.parent
 REF_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
@@ -48,7 +51,7 @@ SPEC_NAME = "qwen2_vl"
 MAX_PIXELS = 1003520
 
 TORCHVISION_WORKER = r"""
-import io, json, statistics, sys, time
+import io, json, sys, time
 import torch
 torch.set_num_threads(1)
 from PIL import Image
@@ -61,15 +64,14 @@ proc = Qwen2VLImageProcessor(patch_size=spec["patch_size"], merge_size=spec["mer
 def run(data):
     return proc(images=Image.open(io.BytesIO(data)).convert("RGB"), return_tensors="pt")["pixel_values"]
 print("ready", flush=True)
-for line in sys.stdin:  # "<path> <budget seconds>" -> median ms, so rounds interleave with the caller's
-    path, budget = line.split()
-    data = open(path, "rb").read()
-    run(data)
-    runs = []
-    deadline = time.perf_counter() + float(budget)
-    while len(runs) < 3 or time.perf_counter() < deadline:
-        t0 = time.perf_counter(); run(data); runs.append(time.perf_counter() - t0)
-    print(statistics.median(runs) * 1e3, flush=True)
+encoded = {}
+for line in sys.stdin:  # "<path> <warm calls>" -> seconds of one call after them: its turn in the caller's cycle
+    path, warm = line.split()
+    if path not in encoded:
+        encoded[path] = open(path, "rb").read()
+    for _ in range(int(warm)):
+        run(encoded[path])
+    t0 = time.perf_counter(); run(encoded[path]); print(repr(time.perf_counter() - t0), flush=True)
 """
 
 RSS_WORKER = r"""
@@ -144,6 +146,17 @@ def start_torchvision(spec: dict, cpu: int) -> subprocess.Popen | None:
     return proc
 
 
+def torchvision_timer(proc: subprocess.Popen, path: Path):
+    """A timer (yardstick.interleaved_medians) of the torchvision process: it makes the calls and times its own."""
+
+    def timer(warm_calls: int) -> float:
+        proc.stdin.write(f"{path} {warm_calls}\n")
+        proc.stdin.flush()
+        return float(proc.stdout.readline())
+
+    return timer
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -198,17 +211,15 @@ def main() -> int:
         if rust is not None:
             for mode in ("aten_u8", "pil"):
                 impls[f"Rust {mode}"] = partial(rust.qwen_vl.preprocess, data, json.dumps(specs[mode]))
-        samples = {name: [] for name in impls}
+        timers = {name: local_timer(fn) for name, fn in impls.items()}
         if torchvision is not None:
-            samples["HF torchvision (1 thread)"] = []
+            timers["HF torchvision (1 thread)"] = torchvision_timer(torchvision, path)
+        samples = {name: [] for name in timers}
         for _ in range(args.rounds):
-            # Call by call in turn: a slow second of the shared machine hits every implementation.
-            for name, seconds in interleaved_medians(impls, args.budget * len(impls)).items():
+            # Call by call in turn, torchvision's process too: a slow second of the shared machine
+            # hits every implementation, and each call follows the others' as each of theirs does.
+            for name, seconds in interleaved_medians(timers, args.budget * len(timers)).items():
                 samples[name].append(seconds * 1e3)
-            if torchvision is not None:  # same round, same CPU, so its ratio is side by side too
-                torchvision.stdin.write(f"{path} {args.budget}\n")
-                torchvision.stdin.flush()
-                samples["HF torchvision (1 thread)"].append(float(torchvision.stdout.readline()))
         rows[key] = {name: statistics.median(v) for name, v in samples.items()}
         rows[key]["output MB"] = pv.nbytes / 1e6
         print(f"measured {key[0]} {key[1]}", file=sys.stderr)

@@ -39,25 +39,37 @@ def median_seconds(fn: Callable[[], object], budget_s: float, min_runs: int = 3,
     return statistics.median(runs)
 
 
-def interleaved_medians(fns: dict, budget_s: float, min_calls: int = 3, warm_calls: int = 1) -> dict:
-    """{name: fn} -> {name: median seconds}, calling the functions in turn, one call each per cycle.
+def local_timer(fn: Callable[[], object]) -> Callable[[int], float]:
+    """A timer for `interleaved_medians`: `warm_calls` untimed calls of `fn`, then the seconds of one timed call."""
 
-    On a shared machine whose speed drifts over seconds, neighbouring calls see the same machine,
-    so ratios between the functions hold even when their absolute times do not. Each timed call
-    follows `warm_calls` untimed calls of the same function, so it finds the caches and allocator
-    as a process running only that function would (as a worker processing images back to back),
-    not as the previous function left them. Cycles continue until `budget_s` has passed and each
-    function has been timed `min_calls` times.
+    def timer(warm_calls: int) -> float:
+        for _ in range(warm_calls):
+            fn()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    return timer
+
+
+def interleaved_medians(timers: dict, budget_s: float, min_calls: int = 3, warm_calls: int = 1) -> dict:
+    """{name: timer} -> {name: median seconds}, the timers taking their turn, one timed call each per cycle.
+
+    A timer is called as `timer(warm_calls)` and returns the seconds of one timed call made right
+    after `warm_calls` untimed ones of the same implementation (`local_timer` for a function of
+    this process; a timer may also ask another process, which then times its own call). On a
+    shared machine whose speed drifts over seconds, neighbouring calls see the same machine, so
+    ratios between the implementations hold even when their absolute times do not. Each timed call
+    finds the caches and allocator as a process running only that implementation would (as a
+    worker processing images back to back) after `warm_calls` calls, and every implementation,
+    wherever it runs, follows the others' calls alike. Cycles continue until `budget_s` has passed
+    and each has been timed `min_calls` times.
     """
-    runs: dict = {name: [] for name in fns}
+    runs: dict = {name: [] for name in timers}
     deadline = time.perf_counter() + budget_s
     while len(next(iter(runs.values()))) < min_calls or time.perf_counter() < deadline:
-        for name, fn in fns.items():
-            for _ in range(warm_calls):
-                fn()
-            t0 = time.perf_counter()
-            fn()
-            runs[name].append(time.perf_counter() - t0)
+        for name, timer in timers.items():
+            runs[name].append(timer(warm_calls))
     return {name: statistics.median(r) for name, r in runs.items()}
 
 
