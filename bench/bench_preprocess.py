@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def start_torchvision(spec: dict, cpu: int) -> subprocess.Popen | None:
     return proc
 
 
-def torchvision_timer(proc: subprocess.Popen, path: Path):
+def torchvision_timer(proc: subprocess.Popen, path: Path) -> Callable[[int], float]:
     """A timer (yardstick.interleaved_medians) of the torchvision process: it makes the calls and times its own."""
 
     def timer(warm_calls: int) -> float:
