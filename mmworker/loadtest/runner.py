@@ -178,7 +178,7 @@ class Runner:
             if spec.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
                 self.inline_specs.append(spec)
             # Every accepted request has the same chance to be verified.
-            slot = reservoir_slot(self.rng, len(self.sample), self.verify_k, self.tally.accepted)
+            slot = reservoir_slot(self.rng, self.verify_k, self.tally.accepted)
             if slot < self.verify_k:
                 sampled = (spec.index, reply_digest(reply, corrupt=self.corrupt_sample))
                 if slot < len(self.sample):

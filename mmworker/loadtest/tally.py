@@ -42,11 +42,11 @@ def reason_of(error: str) -> str:
     return re.sub(r"\d+", "N", error)[:60]
 
 
-def reservoir_slot(rng: random.Random, kept: int, capacity: int, seen: int) -> int:
+def reservoir_slot(rng: random.Random, capacity: int, seen: int) -> int:
     """Reservoir sampling: where the `seen`-th item (counting from 1) goes in a uniform sample of
-    `capacity` that holds `kept` so far: appended while it is not full, then a random place; a slot
-    of `capacity` or more means the item is not kept."""
-    return kept if kept < capacity else rng.randrange(seen)
+    `capacity` (which then holds min(seen - 1, capacity) items): appended while it is not full, then
+    a random place; a slot of `capacity` or more means the item is not kept."""
+    return seen - 1 if seen <= capacity else rng.randrange(seen)
 
 
 class LogHistogram:
@@ -106,9 +106,9 @@ class Tally:
         self.per_worker_images: Counter[int] = Counter()
         self.latency = LogHistogram()
         self.parts = {name: LogHistogram() for name in LATENCY_PARTS}
-        # (answered s, latency ms) of measured accepted requests: a uniform sample, its first `_plotted` rows.
+        # (answered s, latency ms) of measured accepted requests: a uniform sample, in its first
+        # min(measured_accepted, PLOT_SAMPLE) rows.
         self._plot = np.empty((PLOT_SAMPLE, 2))
-        self._plotted = 0
         self._plot_rng = random.Random(seed)
 
     def submit(self, warmup: bool) -> None:
@@ -153,13 +153,12 @@ class Tally:
         for name, value in zip(LATENCY_PARTS, parts_ms, strict=True):
             self.parts[name].add(value)
         # Every measured accepted request has the same chance to be plotted.
-        slot = reservoir_slot(self._plot_rng, self._plotted, PLOT_SAMPLE, self.measured_accepted)
+        slot = reservoir_slot(self._plot_rng, PLOT_SAMPLE, self.measured_accepted)
         if slot < PLOT_SAMPLE:
             self._plot[slot] = answered_s, latency_ms
-            self._plotted = max(self._plotted, slot + 1)
 
     @property
     def plot_points(self) -> np.ndarray:
         """(answered s after the start, latency ms) rows: every measured accepted request, or a uniform
         sample of PLOT_SAMPLE of them."""
-        return self._plot[: self._plotted]
+        return self._plot[: min(self.measured_accepted, PLOT_SAMPLE)]
