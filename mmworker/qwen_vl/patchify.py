@@ -253,8 +253,8 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
                         v = min(max(acc[a0 + x] >> shift, 0), 255)
                         band[o0 + x] = (float32(v) - o) / s
         for j in range(src.shape[1] // band_rows):
+            x0 = uint64(j * merge) * n_patch  # the block's first column in the band
             if direct:
-                x0 = uint64(j * merge) * n_patch
                 if patch == 14:
                     _ROWS_OF_14(flat, at, band, x0, runs, block // group)
                 else:
@@ -264,7 +264,6 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
             # One merge block staged in output order: each run of `patch` floats is copied as whole
             # lines; what a line writes past the run's end is overwritten by the next run, and the
             # last one lands in the padding.
-            x0 = uint64(j * merge) * n_patch
             for k in range(n_runs):
                 q, staged = x0 + uint64(runs[k]), uint64(k) * n_patch
                 for line in range(lines_per_row):
