@@ -6,7 +6,10 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
 "normal" on this 2-core machine (2 workers leave the loop no CPU of its own), for loops that spin.
 1. closed loop (2 requests in flight per worker) with 1 and with 2 workers, in alternating phases
    (both pools stay up; the machine's speed drifts over seconds): throughput per phase, and the
-   ratio of the medians;
+   ratio of the medians; and where it goes: the time per image in the worker (its CPU time, and
+   its time runnable but waiting for a CPU, from /proc/<pid>/schedstat: with 2 workers on 2 cores,
+   a worker waits while the client runs), the workers' busy share of their time and the client's
+   CPU in cores;
 2. the targets' scenario: a closed loop at 70% load: two callers, each with one request in flight,
    each pausing between its reply and its next request (exponential think time, its mean chosen
    from step 1 so that the 2 workers are ~70% busy; the measured share is printed): pool overhead
@@ -86,32 +89,58 @@ def _sample(reply, submitted: float, now: float) -> Sample:
                   (now - submitted) * 1e3)  # fmt: skip
 
 
-def closed_loop(pool, data, seconds, in_flight):
+class Phase(NamedTuple):
+    """One closed-loop phase: what it did, and where a worker's time went."""
+
+    rate: float  # requests/s
+    busy_ms: float  # mean in-worker (wall) time per request
+    on_cpu_ms: float  # the workers' CPU time per request
+    waiting_ms: float  # the workers' time runnable but waiting for a CPU, per request
+    utilisation: float  # the workers' busy share of their time
+    client_cores: float  # this process's CPU (the client and its loop) in cores
+
+
+def closed_loop(pool, data, seconds, in_flight) -> Phase:
     for _ in range(in_flight):
         pool.submit([P], [data])
-    done, t0 = 0, time.monotonic()
+    pids = pool.worker_pids()
+    done, busy, t0, cpu0, sched0 = 0, [], time.monotonic(), time.process_time(), _schedstat_s(pids)
     while time.monotonic() - t0 < seconds:
         for reply in pool.poll(1.0):
             assert reply.ok, reply.error
+            busy.append(reply.busy_ms)
             reply.release()
             done += 1
             pool.submit([P], [data])
-    elapsed = time.monotonic() - t0
+    elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    on_cpu, waiting = (b - a for a, b in zip(sched0, _schedstat_s(pids), strict=True))
     while pool.stats().in_flight:
         for reply in pool.poll(1.0):
             reply.release()
-    return done / elapsed
+    per_request = 1e3 / max(1, done)
+    return Phase(done / elapsed, statistics.fmean(busy), on_cpu * per_request, waiting * per_request,
+                 sum(busy) / 1e3 / (len(pids) * elapsed), cpu / elapsed)  # fmt: skip
+
+
+def _schedstat_s(pids: list[int]) -> tuple[float, float]:
+    """Seconds so far on a CPU and runnable waiting for one, summed over single-threaded processes."""
+    on_cpu = waiting = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/schedstat") as f:
+            ran, waited, _ = f.read().split()
+        on_cpu, waiting = on_cpu + int(ran), waiting + int(waited)
+    return on_cpu / 1e9, waiting / 1e9
 
 
 def scaling(pools: dict, data, seconds: float, rounds: int) -> dict:
-    """{workers: pool} -> {workers: [requests/s per phase]}, the phases alternating between the pools."""
+    """{workers: pool} -> {workers: [Phase per phase]}, the phases alternating between the pools."""
     for workers, pool in pools.items():
         closed_loop(pool, data, 1.0, 2 * workers)  # warm-up
-    rates: dict = {workers: [] for workers in pools}
+    phases: dict = {workers: [] for workers in pools}
     for _ in range(rounds):
         for workers, pool in pools.items():
-            rates[workers].append(closed_loop(pool, data, seconds / rounds, 2 * workers))
-    return rates
+            phases[workers].append(closed_loop(pool, data, seconds / rounds, 2 * workers))
+    return phases
 
 
 def thinking_callers(pool, data, seconds, callers, think_s, seed=1, on_fd=False):
@@ -276,14 +305,21 @@ def main() -> int:
     how += f", nice {config.worker_nice}" if sched == "normal" else ""
 
     with WorkerPool(spec, {**base, "workers": 1}) as one, WorkerPool(spec, {**base, "workers": 2}) as two:
-        rates = scaling({1: one, 2: two}, data, 2 * args.seconds, SCALING_ROUNDS)
-    throughput = {workers: statistics.median(r) for workers, r in rates.items()}
+        phases = scaling({1: one, 2: two}, data, 2 * args.seconds, SCALING_ROUNDS)
+    throughput = {workers: statistics.median(p.rate for p in runs) for workers, runs in phases.items()}
     scale = throughput[2] / throughput[1]
     print(f"closed loop, 720p JPEG, 1 image/request, 2 requests in flight per worker; workers: {how}")
-    for workers, r in rates.items():
-        phases = " ".join(f"{v:.1f}" for v in r)
-        print(f"  {workers} worker(s): {throughput[workers]:7.1f} requests/s (median of alternating phases: {phases})")
-    print(f"  2 workers / 1 worker: {scale:.2f}x")
+    for workers, runs in phases.items():
+        rates = " ".join(f"{p.rate:.1f}" for p in runs)
+        busy, on_cpu, waiting, used, client = (
+            statistics.median(getattr(p, f) for p in runs)
+            for f in ("busy_ms", "on_cpu_ms", "waiting_ms", "utilisation", "client_cores")
+        )
+        print(f"  {workers} worker(s): {throughput[workers]:7.1f} requests/s (median of alternating phases: {rates})\n"
+              f"    per image in the worker {busy:.2f} ms (on a CPU {on_cpu:.2f}, waiting for one {waiting:.2f}); "
+              f"workers busy {used:.1%} of the time; client {client:.2f} cores")  # fmt: skip
+    print(f"  2 workers / 1 worker: {scale:.2f}x (about 2 x busy share, 2 workers / 1 x time per image, 1 worker / 2; "
+          "a worker waits for a CPU while the client runs on its core)")  # fmt: skip
 
     service_s = 2 / throughput[2]  # one request on one worker, as the closed loop saw it
     think_s = service_s * (1 / LOAD - 1)
