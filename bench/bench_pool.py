@@ -92,12 +92,17 @@ def _sample(reply, submitted: float, now: float) -> Sample:
 class Phase(NamedTuple):
     """One closed-loop phase: what it did, and where a worker's time went."""
 
+    workers: int
     rate: float  # requests/s
     busy_ms: float  # mean in-worker (wall) time per request
     on_cpu_ms: float  # the workers' CPU time per request
     waiting_ms: float  # the workers' time runnable but waiting for a CPU, per request
-    utilisation: float  # the workers' busy share of their time
     client_cores: float  # this process's CPU (the client and its loop) in cores
+
+    @property
+    def utilisation(self) -> float:
+        """The workers' busy share of their time."""
+        return self.rate * self.busy_ms / 1e3 / self.workers
 
 
 def closed_loop(pool, data, seconds, in_flight) -> Phase:
@@ -118,18 +123,21 @@ def closed_loop(pool, data, seconds, in_flight) -> Phase:
         for reply in pool.poll(1.0):
             reply.release()
     per_request = 1e3 / max(1, done)
-    return Phase(done / elapsed, statistics.fmean(busy), on_cpu * per_request, waiting * per_request,
-                 sum(busy) / 1e3 / (len(pids) * elapsed), cpu / elapsed)  # fmt: skip
+    return Phase(len(pids), done / elapsed, statistics.fmean(busy), on_cpu * per_request, waiting * per_request,
+                 cpu / elapsed)  # fmt: skip
+
+
+def _schedstat_ns(path: str) -> tuple[int, int]:
+    """A task's ns so far on a CPU and runnable waiting for one (/proc/.../schedstat)."""
+    with open(path) as f:
+        ran, waited, _ = f.read().split()
+    return int(ran), int(waited)
 
 
 def _schedstat_s(pids: list[int]) -> tuple[float, float]:
     """Seconds so far on a CPU and runnable waiting for one, summed over single-threaded processes."""
-    on_cpu = waiting = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/schedstat") as f:
-            ran, waited, _ = f.read().split()
-        on_cpu, waiting = on_cpu + int(ran), waiting + int(waited)
-    return on_cpu / 1e9, waiting / 1e9
+    stats = [_schedstat_ns(f"/proc/{pid}/schedstat") for pid in pids]
+    return sum(ran for ran, _ in stats) / 1e9, sum(waited for _, waited in stats) / 1e9
 
 
 def scaling(pools: dict, data, seconds: float, rounds: int) -> dict:
@@ -215,8 +223,7 @@ def _zmq_io_cpu_s() -> float:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if not f.read().startswith("ZMQbg/IO"):
                     continue
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+            total += _schedstat_ns(f"/proc/self/task/{tid}/schedstat")[0]
         except OSError:  # a thread that just ended
             continue
     return total / 1e9
