@@ -15,7 +15,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from yardstick import alternating_medians, load_reference_extension
+from yardstick import GET_REF_EXT, alternating_medians, load_reference_extension
 
 # Qwen2-VL smart_resize targets (factor 28, min 3136, max 1003520) of each source size: the
 # resizes the preprocessing really does (measurements.md §7.1).
@@ -66,7 +66,7 @@ def main() -> int:
     yardstick = (
         "Rust extension (sglang 0.5.23, SGL_MM_RS_THREADS=1)"
         if rust
-        else "no Rust extension (get it with scripts/get_reference_ext.sh; its targets count as MISS)"
+        else f"no Rust extension (get it with {GET_REF_EXT}; its targets count as MISS)"
     )
     print(f"mmworker vs {yardstick}")
     print(

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 REF_EXT = Path(__file__).resolve().parent.parent / ".cache" / "ref_ext"
+GET_REF_EXT = "scripts/get_reference_ext.sh"  # what fetches it, for messages that say it is missing
 
 
 def load_reference_extension():
