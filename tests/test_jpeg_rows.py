@@ -2,6 +2,7 @@
 
 import gc
 import io
+import mmap
 
 import numpy as np
 import pytest
@@ -239,3 +240,71 @@ def test_pixel_values_from_any_bands_equal_those_of_the_whole_image(
     data = jpeg(width, height)
     whole = family.process_item(decode_image(data))
     np.testing.assert_array_equal(family.process_item(open_image(data)).feature, whole.feature)
+
+
+def encoded(pixels: np.ndarray, **options) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", **options)
+    return out.getvalue()
+
+
+def count_pillow_decodes(monkeypatch) -> list:
+    calls = []
+    pillow_decode = JpegRows._decode
+
+    def counted(self, before_read):
+        calls.append(before_read)
+        return pillow_decode(self, before_read)
+
+    monkeypatch.setattr(JpegRows, "_decode", counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"subsampling": 2},  # 4:2:0
+        {"subsampling": 1},  # 4:2:2
+        {"subsampling": 0},  # 4:4:4
+        {"subsampling": 2, "progressive": True},
+        {"subsampling": 2, "restart_marker_rows": 1},
+        {"keep_rgb": True},  # coded as RGB (Adobe transform 0), not YCbCr
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("size", [(1, 1), (67, 33), (640, 480)])
+def test_a_whole_decode_is_turbojpegs_one_call_with_pillows_pixels(size, options, monkeypatch):
+    data = encoded(photo_like(*size, seed=7), quality=90, **options)
+    pillow_decodes = count_pillow_decodes(monkeypatch)
+    image = decode_image(data)
+    assert pillow_decodes == [], "a clean file should not need Pillow's decoder"
+    np.testing.assert_array_equal(image.pixels[..., :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    assert (image.pixels[..., 3] == 255).all()
+
+
+def test_a_file_libjpeg_warns_about_is_decoded_by_pillow(monkeypatch):
+    # Two stray bytes before the scan: libjpeg warns ("extraneous bytes before marker") and decodes
+    # on; Pillow ignores the warning, and so must we, with Pillow's pixels.
+    data = encoded(photo_like(96, 64, seed=3), quality=90)
+    sos = data.index(b"\xff\xda")
+    warned = data[:sos] + b"\x00\x00" + data[sos:]
+    pillow_decodes = count_pillow_decodes(monkeypatch)
+    image = decode_image(warned)
+    assert pillow_decodes == [None]
+    np.testing.assert_array_equal(image.pixels[..., :3], np.asarray(Image.open(io.BytesIO(warned)).convert("RGB")))
+
+
+def test_a_whole_decode_lets_go_of_the_callers_bytes():
+    # The bytes may be a view of a request ring's memory, which cannot be unmapped while any
+    # view of it lives: the opened image must not keep one once it is decoded.
+    data = encoded(photo_like(64, 48, seed=5))
+    memory = mmap.mmap(-1, len(data))
+    memory[:] = data
+    view = memoryview(memory)
+    image = open_image(view)
+    assert isinstance(image, JpegRows)
+    decoded = image.load()
+    del view
+    memory.close()  # BufferError while a view of it lives
+    np.testing.assert_array_equal(decoded.pixels[..., :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    assert image.started

@@ -3,8 +3,11 @@
 Rules (behaviour.md §4): JPEG, PNG, WebP, GIF and BMP only; samples deeper than 8 bits are
 refused (PIL would silently truncate a 16-bit PNG); alpha is dropped, never composited; no EXIF
 transpose; GIF and WebP give their first frame. The result equals
-`Image.open(b).convert("RGB")` bit for bit, because that is what it is: the decoding itself is
-Pillow's (libjpeg-turbo, zlib, libwebp), we only decide what to accept and how to hand pixels on.
+`Image.open(b).convert("RGB")` bit for bit, because the decoding is done by the libraries Pillow
+uses (libjpeg-turbo, zlib, libwebp), with its settings: mostly through Pillow itself; a whole
+colour JPEG through libjpeg-turbo's own whole-image call (mmworker.common.jpeg_rows), a PNG
+through our own unfiltering of zlib's output (mmworker.common.png). We decide what to accept and
+how to hand pixels on.
 
 Everything that can be rejected from the header is rejected before any pixel buffer exists: the
 format (from magic bytes), the PNG bit depth and the pixel count. `open_image` stops there for a
@@ -146,7 +149,7 @@ def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> 
     image = _open_checked(data, fmt, max_pixels)
     if fmt == "JPEG" and image.mode == "RGB":
         # Progressive files give no row before their last scan: nothing to stream.
-        jpeg = JpegRows(image, len(data))
+        jpeg = JpegRows(image, data)
         return jpeg.load() if image.info.get("progressive") else jpeg
     try:
         if image.mode in RGB_STORAGE_MODES:
