@@ -12,7 +12,7 @@ from PIL import Image
 
 from mmworker import MmError
 from mmworker.common import jpeg_rows
-from mmworker.common.decode import decode_image, open_image, with_image
+from mmworker.common.decode import decode_image, image_decode_rgb, open_image, with_image
 from mmworker.common.jpeg_rows import JpegRows
 from mmworker.common.pixels import RgbImage
 from mmworker.corpus import encode, photo_like
@@ -277,9 +277,13 @@ def test_a_whole_decode_is_turbojpegs_one_call_with_pillows_pixels(size, options
     data = encoded(photo_like(*size, seed=7), quality=90, **options)
     pillow_decodes = count_pillow_decodes(monkeypatch)
     image = decode_image(data)
+    h, w, rgb = image_decode_rgb(data)  # 3-byte pixels, straight from the decoder
     assert pillow_decodes == [], "a clean file should not need Pillow's decoder"
-    np.testing.assert_array_equal(image.pixels[..., :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    np.testing.assert_array_equal(image.pixels[..., :3], expected)
     assert (image.pixels[..., 3] == 255).all()
+    assert (h, w) == expected.shape[:2] and rgb.flags.writeable and rgb.flags.c_contiguous
+    np.testing.assert_array_equal(rgb, expected)
 
 
 def test_a_file_libjpeg_warns_about_is_decoded_by_pillow(monkeypatch):
@@ -290,8 +294,11 @@ def test_a_file_libjpeg_warns_about_is_decoded_by_pillow(monkeypatch):
     warned = data[:sos] + b"\x00\x00" + data[sos:]
     pillow_decodes = count_pillow_decodes(monkeypatch)
     image = decode_image(warned)
-    assert pillow_decodes == [None]
-    np.testing.assert_array_equal(image.pixels[..., :3], np.asarray(Image.open(io.BytesIO(warned)).convert("RGB")))
+    _, _, rgb = image_decode_rgb(warned)
+    assert pillow_decodes == [None, None]
+    expected = np.asarray(Image.open(io.BytesIO(warned)).convert("RGB"))
+    np.testing.assert_array_equal(image.pixels[..., :3], expected)
+    np.testing.assert_array_equal(rgb, expected)
 
 
 def test_a_whole_decode_lets_go_of_the_callers_bytes():

@@ -192,9 +192,11 @@ def with_image(
 
 def image_decode_rgb(data: bytes | memoryview) -> tuple[int, int, np.ndarray]:
     """Decode to `(height, width, uint8[height, width, 3])` (the crate's `common.image_decode_rgb`)."""
-    decoded = decode_image(data)
-    pixels = decoded.pixels
+    image = open_image(data)
+    if isinstance(image, JpegRows):
+        return image.height, image.width, image.load_rgb()
+    pixels = image.pixels
     # A fresh writable 3-channel array (our PNG decoder's output) is already what callers get.
     if pixels.shape[2] != 3 or not pixels.flags.writeable:
         pixels = copy_rgb(pixels)
-    return decoded.height, decoded.width, pixels
+    return image.height, image.width, pixels

@@ -42,7 +42,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from mmworker.common.pixels import RgbImage
+from mmworker.common.pixels import RgbImage, copy_rgb
 from mmworker.errors import MmError, image_decode_error
 
 # sink(first_row, rows): rows (n, width, 4) uint8 are image rows first_row .. first_row + n - 1,
@@ -156,24 +156,42 @@ class JpegRows:
         """
         w, h = self.width, self.height
         buffer = np.empty(h * w * 4, np.uint8)
-        if not self._decode_at_once(buffer):
-            self._image.im = Image.frombuffer("RGBX", (w, h), buffer, "raw", "RGBX", 0, 1).im
-            self._decode(None)
+        if not self._decode_at_once(buffer, "RGBX"):
+            self._decode_into(buffer)
         return RgbImage(pixels=buffer.reshape(h, w, 4), buffer=buffer)
 
-    def _decode_at_once(self, buffer: np.ndarray) -> bool:
-        """TurboJPEG's decode of the whole file into `buffer`; False if Pillow must decode it after all."""
+    def load_rgb(self) -> np.ndarray:
+        """Decode the whole image into a fresh (height, width, 3) array, for callers that want 3-byte pixels.
+
+        TurboJPEG writes them directly; Pillow's decoder writes 4-byte pixels only, so a file it
+        decodes costs a second buffer and a copy.
+        """
+        w, h = self.width, self.height
+        pixels = np.empty((h, w, 3), np.uint8)
+        if self._decode_at_once(pixels, "RGB"):
+            return pixels
+        buffer = np.empty(h * w * 4, np.uint8)
+        self._decode_into(buffer)
+        return copy_rgb(buffer.reshape(h, w, 4), out=pixels)
+
+    def _decode_at_once(self, out: np.ndarray, layout: str) -> bool:
+        """TurboJPEG's decode of the whole file into `out` ("RGBX" or "RGB"); False if Pillow must decode it."""
         data, self._data, self.started = self._data, None, True
         try:
             # strict: a libjpeg warning (corrupt data it would paper over) raises too, so that the
             # file goes to Pillow, whose pixels or error it then gets.
-            pixels = simplejpeg.decode_jpeg(data, "RGBX", fastdct=False, fastupsample=False, buffer=buffer, strict=True)
+            pixels = simplejpeg.decode_jpeg(data, layout, fastdct=False, fastupsample=False, buffer=out, strict=True)
         except ValueError:
             return False
-        if pixels.shape != (self.height, self.width, 4):  # another reading of the header than Pillow's
+        if pixels.shape != (self.height, self.width, len(layout)):  # another reading of the header than Pillow's
             return False
         self._image.close()
         return True
+
+    def _decode_into(self, buffer: np.ndarray) -> None:
+        """Pillow's decode of the whole image into `buffer`, 4 bytes per pixel."""
+        self._image.im = Image.frombuffer("RGBX", (self.width, self.height), buffer, "raw", "RGBX", 0, 1).im
+        self._decode(None)
 
     def stream(self, sink: RowSink) -> None:
         """Decode, calling `sink` with consecutive bands of rows that cover the image once, in order."""
