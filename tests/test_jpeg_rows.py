@@ -28,6 +28,13 @@ def jpeg(width: int, height: int, flat_from: int | None = None) -> bytes:
     return encode(pixels, "JPEG")
 
 
+def encoded(pixels: np.ndarray, **options) -> bytes:
+    """A JPEG saved with Pillow's options (corpus.encode fixes quality 90 and 4:2:0)."""
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", **options)
+    return out.getvalue()
+
+
 class Collect:
     """A sink that checks the bands' order and keeps a copy of every row."""
 
@@ -152,12 +159,10 @@ def test_a_stream_leaves_no_reference_cycle_behind():
 
 
 def test_only_sequential_colour_jpegs_are_left_to_decode():
-    progressive = io.BytesIO()
-    Image.fromarray(photo_like(64, 48)).save(progressive, "JPEG", progressive=True)
-    grey = io.BytesIO()
-    Image.fromarray(photo_like(64, 48)[..., 0]).save(grey, "JPEG")
-    assert isinstance(open_image(progressive.getvalue()), RgbImage)  # no row before its last scan
-    assert isinstance(open_image(grey.getvalue()), RgbImage)
+    progressive = encoded(photo_like(64, 48), progressive=True)
+    grey = encoded(photo_like(64, 48)[..., 0])
+    assert isinstance(open_image(progressive), RgbImage)  # no row before its last scan
+    assert isinstance(open_image(grey), RgbImage)
     assert isinstance(open_image(encode(photo_like(64, 48), "PNG")), RgbImage)
     assert isinstance(open_image(jpeg(64, 48)), JpegRows)
 
@@ -242,12 +247,6 @@ def test_pixel_values_from_any_bands_equal_those_of_the_whole_image(
     np.testing.assert_array_equal(family.process_item(open_image(data)).feature, whole.feature)
 
 
-def encoded(pixels: np.ndarray, **options) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", **options)
-    return out.getvalue()
-
-
 def count_pillow_decodes(monkeypatch) -> list:
     calls = []
     pillow_decode = JpegRows._decode
@@ -289,7 +288,7 @@ def test_a_whole_decode_is_turbojpegs_one_call_with_pillows_pixels(size, options
 def test_a_file_libjpeg_warns_about_is_decoded_by_pillow(monkeypatch):
     # Two stray bytes before the scan: libjpeg warns ("extraneous bytes before marker") and decodes
     # on; Pillow ignores the warning, and so must we, with Pillow's pixels.
-    data = encoded(photo_like(96, 64, seed=3), quality=90)
+    data = encode(photo_like(96, 64, seed=3), "JPEG")
     sos = data.index(b"\xff\xda")
     warned = data[:sos] + b"\x00\x00" + data[sos:]
     pillow_decodes = count_pillow_decodes(monkeypatch)
@@ -304,7 +303,7 @@ def test_a_file_libjpeg_warns_about_is_decoded_by_pillow(monkeypatch):
 def test_a_whole_decode_lets_go_of_the_callers_bytes():
     # The bytes may be a view of a request ring's memory, which cannot be unmapped while any
     # view of it lives: the opened image must not keep one once it is decoded.
-    data = encoded(photo_like(64, 48, seed=5))
+    data = encode(photo_like(64, 48, seed=5), "JPEG")
     memory = mmap.mmap(-1, len(data))
     memory[:] = data
     view = memoryview(memory)

@@ -140,7 +140,11 @@ class JpegRows:
         self._data: bytes | memoryview | None = data  # until the decode begins
         self._file_bytes = len(data)
         self.width, self.height = image.size
-        self.started = False  # its decode began (load or stream; either closes the file when done)
+
+    @property
+    def started(self) -> bool:
+        """Its decode began (load or stream; either closes the file when done)."""
+        return self._data is None
 
     def __repr__(self) -> str:
         return f"JpegRows({self.width}x{self.height})"
@@ -176,7 +180,7 @@ class JpegRows:
 
     def _decode_at_once(self, out: np.ndarray, layout: str) -> bool:
         """TurboJPEG's decode of the whole file into `out` ("RGBX" or "RGB"); False if Pillow must decode it."""
-        data, self._data, self.started = self._data, None, True
+        data, self._data = self._data, None
         try:
             # strict: a libjpeg warning (corrupt data it would paper over) raises too, so that the
             # file goes to Pillow, whose pixels or error it then gets.
@@ -225,7 +229,7 @@ class JpegRows:
 
     def _decode(self, before_read: Callable[[int], int] | None) -> None:
         """Pillow's load, with `before_read(size) -> size` run before it reads each chunk of the file."""
-        self.started, self._data = True, None
+        self._data = None
         image = self._image
         ours: list[BaseException] = []  # raised by before_read (the consumer), not by Pillow
         if before_read is not None:
