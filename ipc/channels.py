@@ -159,6 +159,11 @@ class Router:
         self._idle: OrderedDict[bytes, None] = OrderedDict()
         self.rejected = 0  # malformed messages dropped
         self._poll_items = [(self.sock, _POLLIN)]  # built once: a wait happens per loop turn
+        # True once `recv` found nothing and nothing touched the socket since: only then does its
+        # fd become readable for whatever arrives next (ZeroMQ's notification is edge-like: a
+        # receive, a send or a poll may consume it while messages wait), so a caller that waits
+        # on the fd alone must call recv until None first whenever this is False.
+        self.settled = False
 
     def fileno(self) -> int:
         """The socket's edge-triggered notification fd: readable means "call recv until None"."""
@@ -166,6 +171,7 @@ class Router:
 
     def send(self, peer: bytes, message: Message, payload: tuple = ()) -> None:
         sock = self.sock
+        self.settled = False
         try:
             _send(sock, peer, _SNDMORE)
             if not payload:
@@ -213,6 +219,7 @@ class Router:
         """Wait up to timeout_ms for a message here or on a watched fd. Returns which are ready as a
         bit mask: bit 0 this socket (then call recv), bit k the k-th watched fd; 0 if none."""
         ready = 0
+        self.settled = False
         for item, _ in _zmq_poll(self._poll_items, timeout_ms):
             ready |= 1 << self._poll_items.index((item, _POLLIN))
         return ready
@@ -220,10 +227,12 @@ class Router:
     def recv(self) -> tuple[bytes, Message, list] | None:
         """The next valid (peer, message, payload) if one is waiting, else None (never blocks)."""
         sock = self.sock
+        self.settled = False
         while True:
             # Asking EVENTS first avoids pyzmq's EAGAIN exception (tens of microseconds each) on
             # every empty check; ZeroMQ delivers multipart messages whole, so POLLIN means all parts.
             if not _get(sock, _EVENTS) & _POLLIN:
+                self.settled = True
                 return None
             # The identity and the header are small (bytes are cheaper than Frame objects); payload
             # frames stay zero-copy Frames.

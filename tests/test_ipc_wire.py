@@ -2,6 +2,7 @@
 
 import os
 import random
+import select
 import stat
 import subprocess
 import sys
@@ -229,6 +230,41 @@ def test_poll_says_where_the_messages_are(channel):
     finally:
         os.close(reading)
         os.close(writing)
+
+
+def test_settled_router_fd_turns_readable_for_what_arrives_next(channel):
+    """The contract WorkerPool's waits rely on: once recv found nothing (settled), the router's fd
+    becomes readable when a message arrives; a send or a poll unsettles it until recv finds nothing."""
+    _, ctx, router, dealers = channel
+    wake = select.epoll()
+    wake.register(router.fileno(), select.EPOLLIN)
+
+    def fd_readable_within(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if wake.poll(0.05):
+                return True
+        return False
+
+    try:
+        assert not router.settled  # nothing known about what came before
+        assert router.recv() is None and router.settled
+        dealers.append(Dealer(ctx, router.endpoint, b"w0"))
+        for k in range(3):
+            dealers[0].send(Hello(WIRE_VERSION, k, os.getpid(), 0, "r", 1))
+            assert fd_readable_within(5.0), f"message {k}: no wake-up on a settled router"
+            if k == 1:  # a send may consume the notification: unsettled until recv finds nothing
+                router.send(b"w0", Stop())
+                assert not router.settled
+                assert dealers[0].recv(2000) == (Stop(), [])
+            elif k == 2:
+                assert router.poll(0) == 1 and not router.settled
+            peer, message, _ = router.recv()
+            assert peer == b"w0" and message.worker == k and not router.settled
+            assert router.recv() is None and router.settled
+            assert not wake.poll(0)  # drained: nothing to wake up for
+    finally:
+        wake.close()
 
 
 def test_malformed_messages_are_dropped_not_raised(channel):

@@ -184,6 +184,7 @@ class WorkerPool:
     def _start(self) -> None:
         res = self._res
         res.open(self.config.request_ring_mib << 20)
+        self._results_fd = res.results.fileno()  # told apart from the router's in each wake-up
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
         self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
@@ -278,8 +279,7 @@ class WorkerPool:
     def poll(self, timeout: float = 0) -> list[Reply]:
         """Finished replies (submission order unless `ordered=False`), waiting up to `timeout` seconds for one."""
         deadline = time.monotonic() + max(0.0, timeout)
-        # What is waiting already: one poll(2), not a check per channel (nothing, once closed).
-        arrived = self._res.router.poll(0) if not self._res.closed else 0
+        arrived = self._arrived(0.0) if not self._res.closed else 0  # what is waiting already
         while True:
             self._pump(arrived)
             ready = self._answers.ready()
@@ -287,7 +287,7 @@ class WorkerPool:
             if ready or remaining <= 0 or self._res.closed:
                 return ready
             # The next pump receives only from what the wait found ready (nothing, if it timed out).
-            arrived = self._res.router.poll(int(min(remaining, 0.05) * 1000) + 1)
+            arrived = self._arrived(min(remaining, 0.05))
 
     def process(
         self, input_ids, images, *, request_id: Any = None, mm_hashes=None, timeout: float | None = None
@@ -300,7 +300,7 @@ class WorkerPool:
                 raise TimeoutError(f"no reply within {timeout} s")
             self._pump()
             if not self._answers.has(rid):
-                self._res.router.poll(50)
+                self._arrived(0.05)
         return self._answers.take(rid)
 
     async def aprocess(self, input_ids, images, *, request_id: Any = None, mm_hashes=None) -> Reply:
@@ -391,6 +391,21 @@ class WorkerPool:
             self._next_check = now + _CHECK_INTERVAL_S
             self._check_processes()
         self._dispatch()
+
+    def _arrived(self, timeout: float) -> int:
+        """Wait up to `timeout` s for a message; which channels to receive from (_FROM_ROUTER, _FROM_RESULTS).
+
+        One epoll_wait(2) on the wake-up fd: a zmq_poll over the same two would cost the caller
+        three or four system calls more per wait (a first pass that does not block, and ZeroMQ's
+        own checks of its mailbox, getpid(2) included). The router's fd says nothing about
+        messages that came before its last send or poll (`Router.settled`): then it is read
+        first, without waiting.
+        """
+        res = self._res
+        where, wait = (0, timeout) if res.router.settled else (_FROM_ROUTER, 0.0)
+        for fd, _ in res.wake.poll(wait):
+            where |= _FROM_RESULTS if fd == self._results_fd else _FROM_ROUTER
+        return where
 
     def _receive(self, where: int) -> None:
         results = self._res.results
