@@ -158,13 +158,46 @@ def test_a_stream_leaves_no_reference_cycle_behind():
         gc.enable()
 
 
-def test_only_sequential_colour_jpegs_are_left_to_decode():
-    progressive = encoded(photo_like(64, 48), progressive=True)
+def test_only_colour_jpegs_are_left_to_decode():
     grey = encoded(photo_like(64, 48)[..., 0])
-    assert isinstance(open_image(progressive), RgbImage)  # no row before its last scan
     assert isinstance(open_image(grey), RgbImage)
     assert isinstance(open_image(encode(photo_like(64, 48), "PNG")), RgbImage)
     assert isinstance(open_image(jpeg(64, 48)), JpegRows)
+    assert isinstance(open_image(encoded(photo_like(64, 48), keep_rgb=True)), JpegRows)  # coded as RGB
+
+
+def test_a_progressive_file_streams_as_one_band_of_the_whole_decode():
+    # No row before its last scan: a ring would only spill, so it is decoded whole.
+    data = encoded(photo_like(300, 200, seed=4), progressive=True)
+    sink = streamed(data)
+    assert [(first, n) for first, n, _ in sink.bands] == [(0, 200)]
+    np.testing.assert_array_equal(sink.rows[..., :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+
+
+def test_a_clean_colour_jpeg_is_never_opened_by_pillow(monkeypatch):
+    # TurboJPEG reads its header and decodes it; Pillow's open (~25 us) is for what it leaves.
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    data = jpeg(96, 64)
+    decoded = decode_image(data)
+    assert opened == []
+    monkeypatch.undo()
+    np.testing.assert_array_equal(decoded.pixels[..., :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_header_turbojpeg_cannot_read_is_opened_by_pillow(progressive, monkeypatch):
+    # As for a sampling layout TurboJPEG has no name for ("Could not determine subsampling level").
+    def refuse(data):
+        raise ValueError("tjDecompressHeader3(): Could not determine subsampling level of JPEG image")
+
+    monkeypatch.setattr(jpeg_rows.simplejpeg, "decode_jpeg_header", refuse)
+    data = encoded(photo_like(96, 64, seed=2), progressive=progressive)
+    image = open_image(data)
+    assert isinstance(image, RgbImage if progressive else JpegRows)
+    pixels = image.pixels if progressive else image.load().pixels
+    np.testing.assert_array_equal(pixels[..., :3], np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
 
 
 @pytest.mark.parametrize("resample", ["aten_u8", "pil"])

@@ -25,7 +25,7 @@ from typing import TypeVar
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from mmworker.common.jpeg_rows import JpegRows
+from mmworker.common.jpeg_rows import JpegRows, colour_jpeg_size
 from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_pil
 from mmworker.common.png import PNG_SIGNATURE, decode_png
 from mmworker.errors import MmError, image_decode_error
@@ -131,7 +131,7 @@ def decode_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -
 
 
 def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> RgbImage | JpegRows:
-    """`decode_image`, except that a sequential colour JPEG comes back opened, not decoded yet.
+    """`decode_image`, except that a colour JPEG comes back opened, not decoded yet.
 
     Its consumer decodes it (`JpegRows.load`, or `stream` to take its rows in bands without ever
     holding the whole image); every other image comes back decoded. PNGs go through our own
@@ -146,10 +146,14 @@ def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> 
         fast = decode_png(data, max_pixels)
         if fast is not None:
             return fast
+    if fmt == "JPEG" and (size := colour_jpeg_size(data)) is not None:
+        w, h = size
+        _check_dimensions(w, h, max_pixels)  # (libjpeg refuses an empty image's header)
+        return JpegRows(data, w, h)
     image = _open_checked(data, fmt, max_pixels)
     if fmt == "JPEG" and image.mode == "RGB":
         # Progressive files give no row before their last scan: nothing to stream.
-        jpeg = JpegRows(image, data)
+        jpeg = JpegRows(data, *image.size, image)
         return jpeg.load() if image.info.get("progressive") else jpeg
     try:
         if image.mode in RGB_STORAGE_MODES:
