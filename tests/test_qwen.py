@@ -233,7 +233,10 @@ def test_patchify_refuses_what_it_cannot_read_safely():
     bounds, weights, precision = vertical_coefficients(8, 8, "pil_bicubic")
     bounds = bounds.copy()
     bounds[-1, 0] = 8  # past the last source row
-    with pytest.raises(MmError, match=r"^patchify: vertical pass coefficients do not fit 8 source rows$"):
+    with pytest.raises(MmError, match=r"^patchify: vertical pass coefficients do not fit 8 source rows read in order$"):
+        patchify_into(pixels, (bounds, weights, precision), norm, 2, 2, 2, out)
+    bounds[:4, 0], bounds[4:, 0] = 2, 0  # in range, but the second merge-block row reads rows before the first's
+    with pytest.raises(MmError, match=r"^patchify: vertical pass coefficients do not fit 8 source rows read in order$"):
         patchify_into(pixels, (bounds, weights, precision), norm, 2, 2, 2, out)
     with pytest.raises(MmError, match=r"^patchify: out must be C-contiguous float32"):
         patchify_into(pixels, vertical_coefficients(8, 8, "pil_bicubic"), norm, 2, 2, 2, out[:, :12])

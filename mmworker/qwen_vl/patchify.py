@@ -108,25 +108,23 @@ class PatchifyRows:
         out_h = bounds.shape[0]
         if w % block or out_h % block or out_h == 0 or w == 0:
             raise MmError(f"patchify: {w}x{out_h} is not a positive multiple of {block} in both sides")
-        first, count = bounds[:, 0].astype(np.int64), bounds[:, 1].astype(np.int64)
-        if first.min() < 0 or count.min() < 1 or (first + count).max() > h or count.max() > weights.shape[1]:
-            raise MmError(f"patchify: vertical pass coefficients do not fit {h} source rows")
-        if not 1 <= precision <= 22 or weights.shape[0] != out_h:
+        if not 1 <= precision <= 22 or weights.shape[0] != out_h or bounds.shape != (out_h, 2):
             raise MmError(f"patchify: bad vertical pass coefficients (precision {precision})")
         expected = ((out_h // patch) * (w // patch), 3 * temporal * patch * patch)
         if out.dtype != np.float32 or out.shape != expected or not out.flags.c_contiguous:
             raise MmError(f"patchify: out must be C-contiguous float32 {expected}, got {out.dtype} {out.shape}")
         self._bounds = np.ascontiguousarray(bounds, np.int32)
         self._weights = np.ascontiguousarray(weights, np.int32)
+        # Source rows [start, end) each merge-block row reads; a block row is written in order,
+        # once a band reaches its end (the running maximum, so that readiness is monotonic).
+        self._starts, self._ends = np.empty(out_h // block, np.int64), np.empty(out_h // block, np.int64)
+        self.overlap = _row_plan(self._bounds, self._weights.shape[1], h, block, self._starts, self._ends)
+        if self.overlap < 0:
+            raise MmError(f"patchify: vertical pass coefficients do not fit {h} source rows read in order")
         self._precision, self._norm, self._shape = precision, norm, (patch, merge, temporal)
         self._divisor = norm.divisor if norm.divisor is not None else np.ones(3, np.float32)
         self._width, self._block, self._out = w, block, out
         self._out_per_block_row = merge * (w // patch)  # rows of out one merge-block row fills
-        # Source rows [start, end) each merge-block row reads; a block row is written in order,
-        # once a band reaches its end (the running maximum, so that readiness is monotonic).
-        starts, ends = first.reshape(-1, block).min(axis=1), (first + count).reshape(-1, block).max(axis=1)
-        self._starts, self._ends = starts, np.maximum.accumulate(ends)
-        self.overlap = int((ends - starts).max())
         self._done = 0  # merge-block rows written
 
     def __call__(self, first_row: int, pixels: np.ndarray) -> None:
@@ -138,18 +136,17 @@ class PatchifyRows:
         b1 = int(np.searchsorted(self._ends, first_row + n, side="right"))
         if b1 <= b0:
             return
-        if self._starts[b0:b1].min() < first_row:
+        if self._starts[b0] < first_row:  # (starts grow with the block row: bounds are in order)
             raise MmError(f"patchify: rows from {first_row} on do not hold every row merge-block row {b0} reads")
-        bounds = self._bounds[b0 * self._block : b1 * self._block].copy()
-        bounds[:, 0] -= first_row
         norm, (patch, merge, temporal) = self._norm, self._shape
         # Always a read-only view: decoded and resized pixels come both ways, and numba compiles (and
         # caches) one specialisation per array type, which a worker's warm-up would have to cover.
         words = pixels.reshape(n, w * 4).view(np.uint32)
         words.flags.writeable = False
         step = self._out_per_block_row
+        rows = slice(b0 * self._block, b1 * self._block)
         _patchify(
-            words, bounds, self._weights[b0 * self._block : b1 * self._block], self._precision,
+            words, self._bounds[rows], first_row, self._weights[rows], self._precision,
             norm.divisor is not None, self._divisor, norm.offset, norm.scale, patch, merge, temporal,
             self._out[b0 * step : b1 * step],
         )  # fmt: skip
@@ -166,9 +163,31 @@ _ROWS_OF_14, _GROUP_OF_14 = runs_to_lines(14)
 _ROWS_OF_16, _GROUP_OF_16 = runs_to_lines(16)
 
 
+@njit(cache=True)
+def _row_plan(bounds, taps, height, block, starts, ends):
+    """Per merge-block row (`block` output rows): the first source row it reads into starts and
+    the running maximum of its end into ends; returns the most rows one block row spans, or -1 if
+    an output row reads rows outside [0, height), none, or more than `taps`, or the block rows'
+    first rows go down (each band is checked against its first block row's start alone)."""
+    overlap = 0
+    for b in range(starts.shape[0]):
+        start, end = height, 0
+        for y in range(b * block, (b + 1) * block):
+            first, count = bounds[y, 0], bounds[y, 1]
+            if first < 0 or count < 1 or count > taps or first + count > height:
+                return -1
+            start, end = min(start, first), max(end, first + count)
+        if b > 0 and start < starts[b - 1]:
+            return -1
+        overlap = max(overlap, end - start)
+        starts[b], ends[b] = start, max(end, ends[b - 1]) if b > 0 else end
+    return overlap
+
+
 @njit(cache=True, error_model="numpy")
-def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scale, patch, merge, temporal, out):
-    """The kernel behind `patchify_into`; src is the pixels as uint32 [h, w] (one word per pixel).
+def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset, scale, patch, merge, temporal, out):
+    """The kernel behind `patchify_into`; src is the pixels as uint32 [h, w] (one word per pixel),
+    from source row `row0` on (bounds count rows from 0).
 
     Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
     branch keeps LLVM from vectorising (measured at 1288x728 on the old LUT kernel: 10.5 -> 3.2 ms).
@@ -214,7 +233,7 @@ def _patchify(src, bounds, weights, precision, pre_divide, divisor, offset, scal
     for b in range(bounds.shape[0] // band_rows):
         for r in range(band_rows):
             y = uint64(b * band_rows + r)
-            first, count = uint64(bounds[y, 0]), uint64(bounds[y, 1])
+            first, count = uint64(bounds[y, 0] - row0), uint64(bounds[y, 1])
             # The vertical pass, per channel plane, straight from the packed pixels.
             for i in range(uint64(3) * n_w):
                 acc[i] = half
