@@ -11,9 +11,9 @@ how to hand pixels on.
 
 Everything that can be rejected from the header is rejected before any pixel buffer exists: the
 format (from magic bytes), the PNG bit depth and the pixel count. `open_image` stops there for a
-sequential colour JPEG and leaves the decode to its consumer (mmworker.common.jpeg_rows), which may
-take the rows in bands as they decode; `with_image` keeps the order of errors that decoding
-first would give.
+colour JPEG (its header read by TurboJPEG, not Pillow) and leaves the decode to its consumer
+(mmworker.common.jpeg_rows), which may take the rows in bands as they decode; `with_image` keeps
+the order of errors that decoding first would give.
 """
 
 import io
