@@ -16,16 +16,15 @@ colour JPEG (its header read by TurboJPEG, not Pillow) and leaves the decode to 
 the order of errors that decoding first would give.
 """
 
-import io
 import re
 import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from mmworker.common.jpeg_rows import JpegRows, colour_jpeg_size
+from mmworker.common.jpeg_rows import JpegRows, colour_jpeg_size, open_with_pillow
 from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_pil
 from mmworker.common.png import PNG_SIGNATURE, decode_png
 from mmworker.errors import MmError, image_decode_error
@@ -103,15 +102,7 @@ def _check_dimensions(w: int, h: int, max_pixels: int) -> None:
 
 
 def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            # Our own limit below is the policy; Pillow's bomb warning would only be noise.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=[fmt])
-    except Image.DecompressionBombError as exc:
-        raise MmError(f"image decode: image too large: {exc}") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise image_decode_error(exc) from exc
+    image = open_with_pillow(data, fmt)
     w, h = image.size
     try:
         _check_dimensions(w, h, max_pixels)

@@ -60,7 +60,6 @@ _BAND_BYTES = 2 << 20
 # not decode to more rows than the ring has free (below); more only spills, never fails.
 _READ_MIN, _READ_MAX = 4096, 65536
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, MemoryError)
-_OPEN_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError)
 # libjpeg's colour spaces of a 3-component file, which Pillow opens as "RGB".
 _COLOUR_SPACES = ("YCbCr", "RGB")
 
@@ -75,14 +74,25 @@ def colour_jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return (width, height) if colour_space in _COLOUR_SPACES else None
 
 
-def _open_pillow(data: bytes | memoryview, width: int, height: int) -> Image.Image:
-    """Pillow's opening of a colour JPEG whose header TurboJPEG read as width x height."""
+def open_with_pillow(data: bytes | memoryview, fmt: str) -> Image.Image:
+    """Pillow's opening of a file of format `fmt` (its header only); its errors as MmError.
+
+    Sizes are our own policy, checked by the caller: Pillow's decompression-bomb warning would
+    only be noise, and its bomb error (twice its limit) says the image is too large.
+    """
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size was checked
-            image = Image.open(io.BytesIO(data), formats=["JPEG"])
-    except _OPEN_ERRORS as exc:
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data), formats=[fmt])
+    except Image.DecompressionBombError as exc:
+        raise MmError(f"image decode: image too large: {exc}") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
         raise image_decode_error(exc) from exc
+
+
+def _open_pillow(data: bytes | memoryview, width: int, height: int) -> Image.Image:
+    """Pillow's opening of a colour JPEG whose header TurboJPEG read as width x height."""
+    image = open_with_pillow(data, "JPEG")
     if image.size != (width, height) or image.mode != "RGB":
         w, h = image.size
         image.close()
