@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from jpegcases import Collect, count_pillow_decodes, encoded, jpeg
 from PIL import Image
 
 from mmworker import MmError
@@ -19,35 +20,6 @@ from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
 from mmworker.qwen_vl import QwenVL, as_spec
 from mmworker.registry import named_spec
-
-
-def jpeg(width: int, height: int, flat_from: int | None = None) -> bytes:
-    pixels = photo_like(width, height, seed=width + height)
-    if flat_from is not None:  # flat rows compress to a few bytes each: many rows per chunk
-        pixels[flat_from:] = 250
-    return encode(pixels, "JPEG")
-
-
-def encoded(pixels: np.ndarray, **options) -> bytes:
-    """A JPEG saved with Pillow's options (corpus.encode fixes quality 90 and 4:2:0)."""
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", **options)
-    return out.getvalue()
-
-
-class Collect:
-    """A sink that checks the bands' order and keeps a copy of every row."""
-
-    def __init__(self, width: int, height: int) -> None:
-        self.rows = np.zeros((height, width, 4), np.uint8)
-        self.bands: list[tuple[int, int, int]] = []  # first row, rows, address
-
-    def __call__(self, first: int, rows: np.ndarray) -> None:
-        expected = sum(n for _, n, _ in self.bands)
-        assert first == expected, "bands must be consecutive"
-        assert rows.dtype == np.uint8 and rows.shape[1:] == self.rows.shape[1:] and rows.flags.c_contiguous
-        self.rows[first : first + rows.shape[0]] = rows
-        self.bands.append((first, rows.shape[0], rows.ctypes.data))
 
 
 def mappings_of(nbytes: int) -> int:
@@ -278,18 +250,6 @@ def test_pixel_values_from_any_bands_equal_those_of_the_whole_image(
     data = jpeg(width, height)
     whole = family.process_item(decode_image(data))
     np.testing.assert_array_equal(family.process_item(open_image(data)).feature, whole.feature)
-
-
-def count_pillow_decodes(monkeypatch) -> list:
-    calls = []
-    pillow_decode = JpegRows._decode
-
-    def counted(self, before_read):
-        calls.append(before_read)
-        return pillow_decode(self, before_read)
-
-    monkeypatch.setattr(JpegRows, "_decode", counted)
-    return calls
 
 
 @pytest.mark.parametrize(
