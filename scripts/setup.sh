@@ -2,7 +2,8 @@
 # Take a fresh Debian machine to a working .venv for mmworker; safe to run again (idempotent).
 #
 # What it does, in order:
-#   1. apt packages that pillow-simd's codecs build against (JPEG, zlib for PNG, WebP), if missing;
+#   1. apt packages that pillow-simd's codecs build against (JPEG, zlib for PNG, WebP), and
+#      libturbojpeg (the same libjpeg-turbo, for the planes of large JPEGs), if missing;
 #   2. .venv with the interpreter in $PYTHON (default python3, >= 3.11);
 #   3. pillow-simd built from source, with AVX2 where the CPU has it (SSE4 otherwise);
 #   4. pip install -e .[test];
@@ -21,7 +22,9 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 . "$here/scripts/venv.sh"
 
 # 1. System packages. Headers only: Pillow decodes PNG with zlib, so libpng is not needed.
-apt_packages=(libjpeg62-turbo-dev zlib1g-dev libwebp-dev pkg-config)
+#    libturbojpeg0 is the TurboJPEG API of the libjpeg-turbo that pillow-simd links, which decodes
+#    large 4:2:0 JPEGs into Y/Cb/Cr planes (mmworker.common.jpeg_planes, loaded with ctypes).
+apt_packages=(libjpeg62-turbo-dev libturbojpeg0 zlib1g-dev libwebp-dev pkg-config)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -79,8 +82,14 @@ else:
 for codec in ("jpg", "zlib", "webp"):
     if not features.check(codec):
         problems.append(f"codec {codec!r} is missing from the pillow-simd build")
+from mmworker import MmError
+from mmworker.common.jpeg_planes import turbojpeg
+try:
+    turbojpeg()
+except MmError as exc:
+    problems.append(str(exc))
 if problems:
     sys.exit("[setup] ERROR: " + "; ".join(problems))
 print(f"[setup] ok: pillow-simd {Image.__version__} ({sys.argv[1]}), "
-      f"libjpeg-turbo {features.version('libjpeg_turbo')}, zlib {features.version('zlib')}, webp {features.version('webp')}")
+      f"libjpeg-turbo {features.version('libjpeg_turbo')} (libturbojpeg too), zlib {features.version('zlib')}, webp {features.version('webp')}")
 PY

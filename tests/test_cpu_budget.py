@@ -1,5 +1,6 @@
 """The worker's CPU budget (mmworker.pool.cpu_budget), in this process: where its signal may strike and where not."""
 
+import io
 import re
 import signal
 import sys
@@ -8,8 +9,10 @@ import time
 import numba
 import numpy as np
 import pytest
+from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
 
+from mmworker.common.jpeg_planes import turbojpeg
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
 from mmworker.errors import BudgetExceeded
@@ -106,7 +109,8 @@ def test_a_budget_striking_in_pillows_open_names_the_image_not_a_decode_error(bu
     # Pillow's open and our decode step catch ValueError (an MmError is one) as the file's failure:
     # the budget's exception must come through them as itself, with the image named by the driver.
     # Pillow opens a grey JPEG where it is found to be one, a colour one only to stream it (a
-    # 640x480 one does at this pixel budget: its decoded rows outweigh half the feature).
+    # 640x480 one does at this pixel budget: its decoded rows outweigh half the feature), when
+    # TurboJPEG's planes do not take it: 4:4:4 (mmworker.common.jpeg_planes).
     original = JpegImageFile._open
 
     def striking(self):
@@ -116,9 +120,37 @@ def test_a_budget_striking_in_pillows_open_names_the_image_not_a_decode_error(bu
     monkeypatch.setattr(JpegImageFile, "_open", striking)
     family = pipeline_from_spec({**named_spec("qwen2_vl"), "max_pixels": 100352})
     pixels = photo_like(640, 480, seed=1)
-    data = encode(pixels[..., 0] if case.startswith("grey") else pixels, "JPEG")
+    if case.startswith("grey"):
+        data = encode(pixels[..., 0], "JPEG")
+    else:
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, "JPEG", quality=90, subsampling=0)
+        data = out.getvalue()
     with pytest.raises(BudgetExceeded, match=f"^image 0: {re.escape(MESSAGE)}$"):
         budget.run(30.0, lambda: process(family, MmInput([151655], [data])))
+
+
+def test_a_budget_striking_in_turbojpegs_planes_decode_names_the_image_and_frees_the_decompressor(budget, monkeypatch):
+    lib = turbojpeg()
+    decode, destroy = lib.tjDecompressToYUVPlanes, lib.tjDestroy
+    destroyed = []
+
+    def striking(*args):
+        status = decode(*args)
+        signal.raise_signal(signal.SIGVTALRM)  # the timer expired during the call: it strikes on return
+        return status
+
+    def counted(handle):
+        destroyed.append(handle)
+        destroy(handle)
+
+    monkeypatch.setattr(lib, "tjDecompressToYUVPlanes", striking)
+    monkeypatch.setattr(lib, "tjDestroy", counted)
+    family = pipeline_from_spec({**named_spec("qwen2_vl"), "max_pixels": 100352})
+    data = encode(photo_like(640, 480, seed=1), "JPEG")  # 4:2:0, streamed at this budget: planes
+    with pytest.raises(BudgetExceeded, match=f"^image 0: {re.escape(MESSAGE)}$"):
+        budget.run(30.0, lambda: process(family, MmInput([151655], [data])))
+    assert len(destroyed) == 1
 
 
 @numba.njit(cache=True)

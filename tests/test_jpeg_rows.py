@@ -190,6 +190,8 @@ def test_streamed_pixel_values_equal_those_of_the_whole_image(size, max_pixels, 
     feature_bytes = np.prod(family.feature_shape(grid)) * 4
     assert size[0] * size[1] * 4 > feature_bytes / 2, "this case would not stream"
     whole = family.process_item(decode_image(data))
+    # Pillow's ring, not TurboJPEG's planes in the feature (tests/test_jpeg_planes.py has those).
+    monkeypatch.setattr(jpeg_rows, "decode_planes", lambda *args: None)
     if flat_from is not None:
         monkeypatch.setattr(jpeg_rows, "_READ_MIN", 1 << 20)  # spill, too
     item = family.process_item(open_image(data))
@@ -234,12 +236,16 @@ def test_any_band_and_chunk_size_hands_on_the_pixels_of_a_whole_decode(
     max_pixels=st.sampled_from([3136, 12544, 50176]),
     resample=st.sampled_from(["aten_u8", "pil"]),
     band_bytes=st.sampled_from([1, 8192]),
+    planes=st.booleans(),
 )
 def test_pixel_values_from_any_bands_equal_those_of_the_whole_image(
-    width, height, max_pixels, resample, band_bytes, monkeypatch
+    width, height, max_pixels, resample, band_bytes, planes, monkeypatch
 ):
-    # Bands far smaller than what one merge-block row reads exercise the overlap rows.
+    # Bands far smaller than what one merge-block row reads exercise the overlap rows, of
+    # Pillow's ring or (where they fit) of TurboJPEG's planes in the feature.
     monkeypatch.setattr(jpeg_rows, "_BAND_BYTES", band_bytes)
+    if not planes:
+        monkeypatch.setattr(jpeg_rows, "decode_planes", lambda *args: None)
     spec = {**named_spec("qwen2_vl"), "min_pixels": 3136, "max_pixels": max_pixels, "resample": resample}
     family = QwenVL(as_spec(spec))
     try:

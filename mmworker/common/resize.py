@@ -27,6 +27,7 @@ from PIL import Image
 from mmworker.common import resample
 from mmworker.common.aten_horizontal import AtenHorizontal, aten_horizontal
 from mmworker.common.decode import MAX_IMAGE_PIXELS
+from mmworker.common.jpeg_planes import LentMemory
 from mmworker.common.jpeg_rows import JpegRows, RowSink
 from mmworker.common.pixels import RgbImage, copy_rgb, from_pil, rgbx_copy
 from mmworker.errors import MmError
@@ -188,16 +189,20 @@ def _horizontal_band(rows: np.ndarray, target: np.ndarray, coefficients: _Coeffi
     target[..., : resized.shape[2]] = resized  # 3 channels if Pillow kept it in several blocks (untuned)
 
 
-def horizontal_rows(image: JpegRows, out_w: int, resample_name: str, overlap: int, sink: RowSink) -> None:
+def horizontal_rows(
+    image: JpegRows, out_w: int, resample_name: str, overlap: int, sink: RowSink, lent: LentMemory | None = None
+) -> None:
     """The horizontal pass of `resample_name` over a JPEG as it decodes, handed to `sink(first_row, rows)` in bands.
 
     Each band after the first repeats the last `overlap` rows of the one before, so a vertical
     pass whose taps for one output row span at most `overlap + 1` rows always finds them in one
-    band. Neither the decoded nor the resized image ever exists whole (`JpegRows.stream`).
+    band. Neither the decoded nor the resized image ever exists whole (`JpegRows.stream`, which
+    may decode into memory the sink lends: `lent`, whose promise holds here too, as rows are
+    handed on as soon as they are resized).
     """
     check_resample(resample_name)
     check_output_size(out_w, image.height)
-    image.stream(_HorizontalBands(image.width, out_w, resample_name, overlap, sink))
+    image.stream(_HorizontalBands(image.width, out_w, resample_name, overlap, sink), lent)
 
 
 class _HorizontalBands:

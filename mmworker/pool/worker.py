@@ -43,6 +43,7 @@ from ipc.results import ResultSender
 from ipc.ring import RingReader, RingWriter
 from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
+from mmworker.common import jpeg_planes
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
 from mmworker.errors import BudgetExceeded, MmError
@@ -99,6 +100,8 @@ class Worker:
         images = [encode(photo_like(64, 48, seed=0), "PNG"), encode(photo_like(1124, 224, seed=0), "JPEG")]
         token = getattr(getattr(self.family, "spec", None), "image_token_id", 0)
         process(self.family, MmInput([token, token], images))
+        # Large 4:2:0 JPEGs go through TurboJPEG's planes, which no image this small reaches.
+        jpeg_planes.load()
 
     def serve(self) -> None:
         while not self.stopping:

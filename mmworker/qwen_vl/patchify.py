@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import float32, int32, njit, uint32, uint64
 
+from mmworker.common.jpeg_planes import LentMemory
 from mmworker.common.stream import LINE_BYTES, LINE_FLOATS, copy_line, runs_to_lines, stream_fence, stream_out
 from mmworker.errors import MmError
 
@@ -151,6 +152,15 @@ class PatchifyRows:
             self._out[b0 * step : b1 * step],
         )  # fmt: skip
         self._done = b1
+
+    def lent(self) -> LentMemory:
+        """`out` lent to the decode: how much of it is written once rows [0, r) have arrived."""
+        block_row_bytes = self._out_per_block_row * self._out.shape[1] * self._out.itemsize
+
+        def written(rows: np.ndarray) -> np.ndarray:
+            return np.searchsorted(self._ends, rows, side="right") * block_row_bytes
+
+        return LentMemory(self._out.reshape(-1).view(np.uint8), written)
 
     def finish(self) -> None:
         """Check that every merge-block row was written (every source row arrived)."""
