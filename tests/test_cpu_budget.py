@@ -1,6 +1,5 @@
 """The worker's CPU budget (mmworker.pool.cpu_budget), in this process: where its signal may strike and where not."""
 
-import io
 import re
 import signal
 import sys
@@ -9,7 +8,7 @@ import time
 import numba
 import numpy as np
 import pytest
-from PIL import Image
+from jpegcases import encoded
 from PIL.JpegImagePlugin import JpegImageFile
 
 from mmworker.common.jpeg_planes import turbojpeg
@@ -120,12 +119,7 @@ def test_a_budget_striking_in_pillows_open_names_the_image_not_a_decode_error(bu
     monkeypatch.setattr(JpegImageFile, "_open", striking)
     family = pipeline_from_spec({**named_spec("qwen2_vl"), "max_pixels": 100352})
     pixels = photo_like(640, 480, seed=1)
-    if case.startswith("grey"):
-        data = encode(pixels[..., 0], "JPEG")
-    else:
-        out = io.BytesIO()
-        Image.fromarray(pixels).save(out, "JPEG", quality=90, subsampling=0)
-        data = out.getvalue()
+    data = encode(pixels[..., 0], "JPEG") if case.startswith("grey") else encoded(pixels, quality=90, subsampling=0)
     with pytest.raises(BudgetExceeded, match=f"^image 0: {re.escape(MESSAGE)}$"):
         budget.run(30.0, lambda: process(family, MmInput([151655], [data])))
 

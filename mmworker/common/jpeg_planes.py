@@ -33,13 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import simplejpeg
 from numba import float32, int32, njit, uint16, uint32
 
 from mmworker.errors import MmError
 
-# libturbojpeg's constants (turbojpeg.h of libjpeg-turbo 2.x).
-_TJSAMP_420 = 2
-_TJCS_YCBCR = 1
+# libturbojpeg's flag (turbojpeg.h of libjpeg-turbo 2.x): a warning fails the call.
 _TJFLAG_STOPONWARNING = 8192
 _LIBRARY = "libturbojpeg.so.0"
 # The planes start on a cache-line boundary.
@@ -71,11 +70,9 @@ def turbojpeg() -> ctypes.CDLL:
     lib.tjInitDecompress.restype = handle
     lib.tjInitDecompress.argtypes = []
     lib.tjDestroy.argtypes = [handle]
-    out_int = ctypes.POINTER(ctypes.c_int)
-    lib.tjDecompressHeader3.argtypes = [handle, ctypes.c_void_p, size, out_int, out_int, out_int, out_int]
     lib.tjDecompressToYUVPlanes.argtypes = [
-        handle, ctypes.c_void_p, size, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, out_int, ctypes.c_int,
-        ctypes.c_int,
+        handle, ctypes.c_void_p, size, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
     return lib
 
@@ -112,7 +109,7 @@ def plane_layout(width: int, height: int, lent: LentMemory, band: int) -> PlaneL
     ends = np.arange(band, height, band, dtype=np.int64)
     first_chroma = np.maximum((ends >> 1) - 1 + (ends & 1), 0)
     first_read = np.minimum(layout.y_at + ends * layout.y_stride, layout.cb_at + first_chroma * group)
-    if ends.size and np.any(np.asarray(lent.written(ends)) > first_read):
+    if np.any(lent.written(ends) > first_read):
         return None
     return layout
 
@@ -124,26 +121,24 @@ def decode_planes(data: bytes | memoryview, width: int, height: int, lent: LentM
     buffer = lent.buffer
     if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.flags.writeable:
         raise MmError(f"image decode: lent memory must be writable contiguous uint8, got {buffer.dtype} {buffer.shape}")
+    # The header as mmworker.common.jpeg_rows.colour_jpeg_size reads it (TurboJPEG, ~2 us).
+    try:
+        h, w, colour_space, subsampling = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if (w, h, colour_space, subsampling) != (width, height, "YCbCr", "420"):
+        return None
+    layout = plane_layout(width, height, lent, band)
+    if layout is None:
+        return None
     source = np.frombuffer(data, np.uint8)
+    at = buffer.ctypes.data
+    planes = (ctypes.c_void_p * 3)(at + layout.y_at, at + layout.cb_at, at + layout.cr_at)
+    strides = (ctypes.c_int * 3)(layout.y_stride, layout.c_stride, layout.c_stride)
     handle = lib.tjInitDecompress()
     if not handle:
         raise MmError("image decode: TurboJPEG could not create a decompressor")
     try:
-        w, h, subsampling, colour_space = (ctypes.c_int() for _ in range(4))
-        status = lib.tjDecompressHeader3(
-            handle, source.ctypes.data, source.size, ctypes.byref(w), ctypes.byref(h), ctypes.byref(subsampling),
-            ctypes.byref(colour_space),
-        )  # fmt: skip
-        if status or (w.value, h.value) != (width, height):
-            return None
-        if (subsampling.value, colour_space.value) != (_TJSAMP_420, _TJCS_YCBCR):
-            return None
-        layout = plane_layout(width, height, lent, band)
-        if layout is None:
-            return None
-        at = buffer.ctypes.data
-        planes = (ctypes.c_void_p * 3)(at + layout.y_at, at + layout.cb_at, at + layout.cr_at)
-        strides = (ctypes.c_int * 3)(layout.y_stride, layout.c_stride, layout.c_stride)
         status = lib.tjDecompressToYUVPlanes(
             handle, source.ctypes.data, source.size, planes, width, strides, height, _TJFLAG_STOPONWARNING
         )
