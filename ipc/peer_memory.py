@@ -35,12 +35,33 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-def places_of(buffers: Sequence) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+def _bytes_data_offset() -> int | None:
+    """How far a bytes object's contents lie from its id(), if that is fixed (CPython keeps them
+    inline, after the object's header) and confirmed by the buffer protocol on a probe; else None."""
+    offset = bytes.__basicsize__ - 1  # the header, less the one-byte array it ends with
+    probe = bytes(range(64))
+    return offset if id(probe) + offset == np.frombuffer(probe, np.uint8).ctypes.data else None
+
+
+# Worked out once: a bytes object's place then costs one addition, where a numpy export of it and
+# its address cost ~75 us of CPU per buffer with the client's caches cold (measured on the dev VM).
+_BYTES_DATA_OFFSET = _bytes_data_offset()
+
+
+def places_of(buffers: Sequence) -> tuple[list, list[tuple[int, int]]]:
     """(exports, places): `places` is (address, nbytes) of each C-contiguous buffer in this process;
-    keep `exports` (one array per buffer) until the reader is done: they keep each buffer alive
-    and a bytearray from being resized."""
-    exports = [np.frombuffer(buffer, np.uint8) for buffer in buffers]
-    return exports, [(export.__array_interface__["data"][0], export.nbytes) for export in exports]
+    keep `exports` (one per buffer) until the reader is done: they keep each buffer alive and a
+    bytearray from being resized. A bytes object is its own export: it cannot change."""
+    exports, places = [], []
+    for buffer in buffers:
+        if type(buffer) is bytes and _BYTES_DATA_OFFSET is not None:
+            exports.append(buffer)
+            places.append((id(buffer) + _BYTES_DATA_OFFSET, len(buffer)))
+        else:
+            export = np.frombuffer(buffer, np.uint8)
+            exports.append(export)
+            places.append((export.__array_interface__["data"][0], export.nbytes))
+    return exports, places
 
 
 class PeerMemory:

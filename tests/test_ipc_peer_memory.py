@@ -63,6 +63,17 @@ def test_a_child_reads_its_parents_buffers_in_place():
     del exports
 
 
+def test_places_are_where_the_buffer_protocol_says_the_bytes_are():
+    class Tagged(bytes):
+        pass
+
+    buffers = [b"", b"j", os.urandom(4097), Tagged(b"tagged bytes"), bytearray(b"grown"), np.arange(5)]
+    exports, places = places_of(buffers)
+    assert places == [(np.frombuffer(b, np.uint8).ctypes.data, memoryview(b).nbytes) for b in buffers]
+    assert all(export is buffer for export, buffer in zip(exports[:3], buffers, strict=False))
+    del exports
+
+
 def test_places_of_keeps_a_bytearray_from_being_resized_while_exported():
     grown = bytearray(b"abc")
     exports, _ = places_of([grown])

@@ -230,18 +230,32 @@ def test_cancel_queued_and_running(pool, images):
 
 
 def test_a_queued_request_keeps_the_ids_it_was_given(images):
-    # The caller may reuse its array as soon as submit returns, also while the request waits.
+    # The caller may reuse its array or list as soon as submit returns, also while the request waits.
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
         busy = pool.submit([P], [images["big"]])
-        ids = np.array([7, P, 8], np.int64)
-        queued = pool.submit(ids, [images["jpeg"]])
-        ids[:] = -1
-        replies = {r.request_id: r for r in wait_replies(pool, 2)}
-        got = replies[queued].input_ids
-        assert replies[queued].ok and got[0] == 7 and got[-1] == 8 and (got[1:-1] == P).all()
+        array_ids, list_ids = np.array([7, P, 8], np.int64), [7, P, 8]
+        queued = [pool.submit(array_ids, [images["jpeg"]]), pool.submit(list_ids, [images["jpeg"]])]
+        array_ids[:] = -1
+        list_ids[:] = [-1, -1, -1]
+        replies = {r.request_id: r for r in wait_replies(pool, 3)}
+        for request_id in queued:
+            got = replies[request_id].input_ids
+            assert replies[request_id].ok and got[0] == 7 and got[-1] == 8 and (got[1:-1] == P).all()
         for r in replies.values():
             r.release()
         assert busy in replies
+
+
+def test_input_ids_convert_as_numpy_converts_them():
+    # A flat list of ints takes a quicker route than numpy's; the ids and the errors stay the same.
+    given = [[7, P, 8], (7, P, 8), np.array([7, P, 8], np.int32), [np.int64(7), True, 2**63 - 1], [-(2**63)],
+             [[7, P], [8, 9]], [7.9, 8.0], ["7"], []]  # fmt: skip
+    for ids in given:
+        got = np.frombuffer(pool_inputs.check_inputs(ids, [b"x"], None).ids, "<i8")
+        np.testing.assert_array_equal(got, np.array(ids, np.int64).reshape(-1))
+    for bad in (["x"], [2**63], [None], [[1], [2, 3]]):
+        with pytest.raises(MmError, match=r"^input_ids must be integers: "):
+            pool_inputs.check_inputs(bad, [b"x"], None)
 
 
 def test_queue_full_rejects_at_once(images):

