@@ -40,7 +40,14 @@ def _bytes_data_offset() -> int | None:
     inline, after the object's header) and confirmed by the buffer protocol on a probe; else None."""
     offset = bytes.__basicsize__ - 1  # the header, less the one-byte array it ends with
     probe = bytes(range(64))
-    return offset if id(probe) + offset == np.frombuffer(probe, np.uint8).ctypes.data else None
+    _, (address, _) = _exported_place(probe)
+    return offset if id(probe) + offset == address else None
+
+
+def _exported_place(buffer) -> tuple[np.ndarray, tuple[int, int]]:
+    """A numpy export of `buffer` and (address, nbytes) of its bytes, as the buffer protocol gives them."""
+    export = np.frombuffer(buffer, np.uint8)
+    return export, (export.__array_interface__["data"][0], export.nbytes)
 
 
 # Worked out once: a bytes object's place then costs one addition, where a numpy export of it and
@@ -48,7 +55,7 @@ def _bytes_data_offset() -> int | None:
 _BYTES_DATA_OFFSET = _bytes_data_offset()
 
 
-def places_of(buffers: Sequence) -> tuple[list, list[tuple[int, int]]]:
+def places_of(buffers: Sequence) -> tuple[list[bytes | np.ndarray], list[tuple[int, int]]]:
     """(exports, places): `places` is (address, nbytes) of each C-contiguous buffer in this process;
     keep `exports` (one per buffer) until the reader is done: they keep each buffer alive and a
     bytearray from being resized. A bytes object is its own export: it cannot change."""
@@ -58,9 +65,9 @@ def places_of(buffers: Sequence) -> tuple[list, list[tuple[int, int]]]:
             exports.append(buffer)
             places.append((id(buffer) + _BYTES_DATA_OFFSET, len(buffer)))
         else:
-            export = np.frombuffer(buffer, np.uint8)
+            export, place = _exported_place(buffer)
             exports.append(export)
-            places.append((export.__array_interface__["data"][0], export.nbytes))
+            places.append(place)
     return exports, places
 
 

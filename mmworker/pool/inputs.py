@@ -26,7 +26,7 @@ log = logging.getLogger("mmworker.pool")
 
 # What holds a staged job's inputs until its answer: the exports that keep them in place, the
 # request-ring allocation they were copied into, or nothing (a one-off segment, owned by its fd).
-Held = Allocation | list[np.ndarray] | None
+Held = Allocation | list[bytes | np.ndarray] | None
 
 
 class RequestInputs:
