@@ -31,11 +31,14 @@ sleep between events, the embedding that SCHED_IDLE workers suit; "auto", the de
    inputs copied to shared memory and jobs through ZeroMQ instead (the pool's transport before
    ipc.inbox and ipc.peer_memory) and all ZeroMQ: overhead and client CPU that
    the transport and waking up cost here before the pool adds anything, in the same two parts;
-5. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves: 1 worker at 70% of
-   its throughput, the loop does ~1 ms of its own Python work per turn and calls poll(0) (never
-   sleeps); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
+5. (no verdict) a busy embedding loop, like SGLang's scheduler while it serves (by default it never
+   sleeps: its receive path polls without waiting between steps): pinned to a reserved core, 1
+   worker on the other at 70% of its throughput, the loop does ~1 ms of its own work per turn and
+   calls poll(0); client CPU = thread CPU inside the submit/poll/release calls of the turns that had
    something to do plus libzmq's I/O thread, per request, and separately the cost of a poll(0)
-   that finds nothing. Beside step 2 it shows how much of the client CPU there is waking up;
+   that finds nothing. Twice: its own work leaving the caches warm, and copying 8 MB per turn
+   (caches cold, as after a decode step). Beside step 2 it splits the client CPU into waking up
+   and running the pool's code on cold caches;
 6. (no verdict) what one sleep with a timeout costs this thread here, with no pool involved.
 
     .venv/bin/python bench/bench_pool.py [--seconds 10] [--worker-sched auto|idle|normal] [--worker-nice N]
@@ -51,6 +54,7 @@ import sys
 import time
 from typing import NamedTuple
 
+import numpy as np
 from yardstick import cpu_steal_s, percentile
 from zmq_floor import TRANSPORTS, zmq_floor
 
@@ -61,6 +65,8 @@ from mmworker.registry import named_spec
 P = 151655
 LOAD = 0.7
 SCALING_ROUNDS = 3
+# What the busy loop's own work copies per turn in its cold variant: more than this VM's L2 per core (2 MiB).
+SWEEP_BYTES = 8 << 20
 
 
 class Sample(NamedTuple):
@@ -229,19 +235,26 @@ def _zmq_io_cpu_s() -> float:
     return total / 1e9
 
 
-def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
+def busy_loop(pool, data, seconds, rate, sweep_bytes=0, step_s=0.001, seed=1):
     """An embedding loop that never sleeps: its own work, then submit what arrived, poll(0), release.
 
-    Returns (CPU per request in the turns that submitted or received something, of which libzmq's
-    I/O thread, median CPU of a turn that found nothing), in ms; libzmq's thread is per request.
+    The loop's own work takes `step_s` per turn; with `sweep_bytes` it first copies that many bytes
+    (more than a core's L2 here), so that each turn's pool calls find the caches holding other data,
+    as after a scheduler's decode step. Returns (CPU per request in the turns that submitted or
+    received something, of which libzmq's I/O thread, median CPU of a turn that found nothing,
+    turns that found nothing per request), in ms; libzmq's thread is per request.
     """
     rng = random.Random(seed)
+    source = np.ones(sweep_bytes, np.uint8) if sweep_bytes else None
+    target = np.empty_like(source) if sweep_bytes else None
     active, empty, replies = 0.0, [], 0
     io0 = _zmq_io_cpu_s()
     t0 = time.monotonic()
     next_at = t0
     while time.monotonic() - t0 < seconds or pool.stats().in_flight:
         until = time.perf_counter() + step_s
+        if sweep_bytes:
+            np.copyto(target, source)
         while time.perf_counter() < until:  # the loop's own work, not counted
             pass
         now = time.monotonic()
@@ -262,7 +275,8 @@ def busy_loop(pool, data, seconds, rate, step_s=0.001, seed=1):
         else:
             empty.append(spent)
     io = (_zmq_io_cpu_s() - io0) / max(1, replies)
-    return (active / max(1, replies) + io) * 1e3, io * 1e3, percentile(empty, 0.5) * 1e3
+    per_request = max(1, replies)
+    return (active / per_request + io) * 1e3, io * 1e3, percentile(empty, 0.5) * 1e3, len(empty) / per_request
 
 
 def sleep_cost(n: int = 500) -> tuple[float, float]:
@@ -408,12 +422,29 @@ def main() -> int:
         print(f"  {name:<18} to the worker {percentile(to_worker, 0.5):5.2f} / {percentile(to_worker, 0.99):5.2f}"
               f"    back {percentile(back, 0.5):5.2f} / {percentile(back, 0.99):5.2f}")  # fmt: skip
 
-    with WorkerPool(spec, {**base, "workers": 1}) as pool:
-        closed_loop(pool, data, 1.0, 2)
-        busy_cpu, busy_io, empty_poll = busy_loop(pool, data, args.seconds, LOAD * throughput[1])
-    print("\nbusy embedding loop (never sleeps, poll(0) every ~1 ms), 1 worker at 70% load, no verdict:")
-    print(f"  client CPU per request {busy_cpu:.3f} ms (of which libzmq's I/O thread {busy_io:.3f} ms), "
-          f"plus {empty_poll * 1e3:.1f} us per poll(0) that finds nothing")  # fmt: skip
+    # The embedding loop on a core of its own (reserved_cores, as a deployment keeps the scheduler's)
+    # and one worker on the other: a loop that never sleeps would otherwise starve a worker sharing its core.
+    busy_config = {**base, "workers": 1, "reserved_cores": 1}
+    with WorkerPool(spec, busy_config) as pool:
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, set(pool.plan.reserved))
+        try:
+            closed_loop(pool, data, 1.0, 2)
+            busy = {
+                sweep: busy_loop(pool, data, args.seconds, LOAD * throughput[1], sweep) for sweep in (0, SWEEP_BYTES)
+            }
+        finally:
+            os.sched_setaffinity(0, allowed)
+    print(
+        "\nbusy embedding loop (never sleeps; its own work ~1 ms per turn, then poll(0)), pinned to a reserved core, "
+        f"1 worker ({pool.plan.worker_sched}) on the other at 70% load, Poisson, no verdict:"
+    )
+    for sweep, (busy_cpu, busy_io, empty_poll, empty_turns) in busy.items():
+        how = f"its work sweeps {sweep >> 20} MB per turn (caches cold)" if sweep else "its work leaves the caches warm"
+        print(
+            f"  {how}: client CPU per request {busy_cpu:.3f} ms (of which libzmq's I/O thread {busy_io:.3f} ms), "
+            f"plus {empty_poll * 1e3:.1f} us per poll(0) that finds nothing ({empty_turns:.1f} per request)"
+        )
     sleep_us, wait_us = sleep_cost()
     print(f"\none sleep with a timeout on this machine, no verdict: time.sleep(0) {sleep_us:.1f} us of CPU, "
           f"poll(2) for 2 ms on an idle socket {wait_us:.1f} us (the loops above sleep ~2x per request)")  # fmt: skip
