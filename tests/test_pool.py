@@ -3,6 +3,7 @@
 import asyncio
 import base64
 import gc
+import logging
 import os
 import select
 import signal
@@ -20,6 +21,8 @@ from processes import UNTRACEABLE, ended, open_fds, segments_of
 
 import mmworker.pool.inputs as pool_inputs
 from ipc.peer_memory import places_of
+from ipc.results import ResultSender
+from ipc.wire import Done, TensorDesc
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
@@ -100,8 +103,10 @@ def test_mixed_sources_equal_in_process_driver(pool, images, tmp_path):
         for got, want in zip(reply.items, expected.items, strict=True):
             assert got.feature.tobytes() == want.feature.tobytes()  # byte-identical features
             assert got.hash == want.hash
-            np.testing.assert_array_equal(got.aux["image_grid_thw"], want.aux["image_grid_thw"])
-            assert not got.feature.flags.writeable
+            grid = got.aux["image_grid_thw"]
+            np.testing.assert_array_equal(grid, want.aux["image_grid_thw"])
+            assert grid.dtype == np.int64 and grid.shape == (3,)
+            assert not got.feature.flags.writeable and not grid.flags.writeable  # both views into the ring
 
 
 def test_replies_come_in_submission_order(pool, images):
@@ -326,6 +331,41 @@ def test_only_workers_hold_the_results_channel_and_close_leaves_no_fd(images):
     assert open_fds() == before
 
 
+def test_a_result_naming_an_item_the_request_lacks_is_rejected_and_a_stale_one_dropped(images, caplog):
+    # What a worker sends back is checked before any view reaches the caller. Here a Done sent on
+    # the worker's own identity while it is stopped with the request names an aux tensor of an
+    # item the request does not have: the request is answered "internal error" and the caller sees
+    # no exception. The worker's real answer, arriving after that, answers a job it no longer
+    # runs: it is dropped without touching the slot, and the pool serves the next request.
+    with WorkerPool(SPEC, {"workers": 1, "deadline_s": 30}) as pool:
+        [slot] = pool._slots
+        [pid] = pool.worker_pids()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            rid = pool.submit([P], [images["small"]])
+            running = slot.rid  # the pool's own number for the job the stopped worker holds
+            assert running is not None
+            ids = TensorDesc(slot.index, 0, -1, 32, "<i8", (4,))
+            feature = TensorDesc(slot.index, 64, -1, 16, "<f4", (1, 4))
+            grid = TensorDesc(slot.index, 128, -1, 24, "<i8", (3,))
+            tensors = {"input_ids": ids, "feature.0": feature, "aux.1.image_grid_thw": grid}
+            sender = ResultSender(os.dup(pool._res.results.sender_fd), slot.identity)
+            try:
+                sender.send(Done(running, tensors, {"offsets": [[1, 2]], "hashes": [7]}))
+            finally:
+                sender.close()
+            [reply] = wait_replies(pool, 1)
+            assert slot.rid is None  # answered, as far as the pool knows
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert reply.request_id == rid and not reply.ok
+        assert reply.error.startswith("internal error: bad result from worker 0: "), reply.error
+        with caplog.at_level(logging.WARNING, logger="mmworker.pool"), pool.process([P], [images["small"]]) as after:
+            assert after.ok, after.error
+        assert f"worker 0 answered request {running} while running" in caplog.text
+        assert pool.stats().restarts == 0 and pool.stats().in_flight == 0
+
+
 def test_releases_a_stopped_worker_has_no_room_for_wait_and_none_is_lost(images):
     # A worker's inbox holds ~280 records. Releasing 400 replies while the worker is stopped with a
     # job in its inbox overflows it: the rest wait here and follow once it reads again. The ring
@@ -346,9 +386,11 @@ def test_releases_a_stopped_worker_has_no_room_for_wait_and_none_is_lost(images)
         try:
             pool.submit([P], [images["small"]])
             assert slot.rid is not None  # handed to the stopped worker: it counts as busy
+            # Every array a reply holds (ids, positions, each feature and aux tensor) is one allocation.
+            released = sum(2 + sum(1 + len(item.aux) for item in reply.items) for reply in held)
             for reply in held:
                 reply.release()
-            assert 0 < len(slot.pending) < 400  # its inbox took some, the rest wait here
+            assert 0 < len(slot.pending) < released  # its inbox took some, the rest wait here
         finally:
             os.kill(pid, signal.SIGCONT)
         [reply] = wait_replies(pool, 1)

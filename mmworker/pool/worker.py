@@ -226,8 +226,8 @@ class Worker:
             meta["delta"] = out.positions.delta
         for i, item in enumerate(out.items):
             tensors[f"feature.{i}"] = self._desc(item.feature, allocations)
-            for name, value in item.aux.items():
-                meta[f"aux.{i}.{name}"] = [int(v) for v in np.asarray(value).reshape(-1)]
+            for name, value in item.aux.items():  # small int64 tensors (the grid): views on the client too
+                tensors[f"aux.{i}.{name}"] = self._store(np.asarray(value, np.int64).reshape(-1), alloc, allocations)
         return Done(job.rid, tensors, meta, (time.monotonic() - t0) * 1e3, started=t0)
 
     def _store(self, array: np.ndarray, alloc, allocations) -> TensorDesc:
