@@ -470,11 +470,11 @@ class WorkerPool:
         meta, view = done.meta, slot.reader.view
         # Every tensor is a view into the worker's ring, its aux tensors too: with caches cold a
         # fourth view costs a few us, numpy's conversion of a list ~30 (measured on the dev VM).
-        arrays, allocations, held = {}, [], 0
+        arrays, held = {}, 0
         for name, d in done.tensors.items():
             arrays[name] = view(d.offset, d.nbytes, d.dtype, d.shape)
-            allocations.append((d.offset, d.seq))
             held += d.nbytes
+        allocations = _allocations(done)
         n_items = len(meta["offsets"])
         hashes = override_hashes([int(h) for h in meta["hashes"]], req.inputs.mm_hashes, req.request_id)
         auxes: list[dict[str, np.ndarray]] = [{} for _ in range(n_items)]
