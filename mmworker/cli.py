@@ -62,7 +62,9 @@ def _process(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out = process(family, MmInput(ids, sources))
     elapsed = (time.perf_counter() - t0) * 1e3
-    print(f"family {family.name} ({args.spec or args.family}), resample {family.spec.resample}")
+    spec = family.spec
+    pillow = f" (stock Pillow {spec.pillow}'s BICUBIC)" if spec.resample == "pil" else ""
+    print(f"family {family.name} ({args.spec or args.family}), resample {spec.resample}{pillow}")
     for i, (item, offsets) in enumerate(zip(out.items, out.offsets, strict=True)):
         g = item.geometry
         print(f"image {i}: grid {g.t}x{g.h}x{g.w}, {offsets[1] - offsets[0] + 1} tokens at {offsets}, "

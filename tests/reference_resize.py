@@ -2,7 +2,10 @@
 
 Dense integer matrices instead of loops, Python floats for the weights: structurally unlike the
 numba kernels, exact by the same arithmetic. It is itself anchored to stock Pillow 12 and
-torchvision through the golden fixtures (tests/test_resize.py).
+torchvision through the golden fixtures (tests/test_resize.py). Which pass runs first is the
+caller's (`vertical_first`); `pillow_vertical_first` is each stock Pillow's rule, transcribed apart
+from mmworker.common.pillow from the sources: Image.resize (12.2.0, 12.3.0) and
+ImagingResampleInner (13.0.0).
 """
 
 import math
@@ -66,15 +69,27 @@ def _pass(src: np.ndarray, matrix: np.ndarray, precision: int, axis: int) -> np.
     return np.moveaxis(out.astype(np.uint8), 0, axis)
 
 
-def resize(src: np.ndarray, out_w: int, out_h: int, resample: str) -> np.ndarray:
-    """uint8 (h, w, 3) -> (out_h, out_w, 3) for 'pil_lanczos', 'pil_bicubic' or 'aten_u8'."""
+def pillow_vertical_first(version: str, in_w: int, in_h: int, out_w: int, out_h: int) -> bool:
+    """Whether stock Pillow `version` ("12.1.1", "12.3.0", "13.0.0", ...) resizes vertically first."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    if major >= 13:
+        # Resample.c: horizontal_first = !((imIn->ysize - ysize) > 0 && (imIn->ysize - ysize) > (imIn->xsize - xsize) * 2)
+        return (in_h - out_h) > 0 and (in_h - out_h) > (in_w - out_w) * 2
+    if (major, minor) >= (12, 2):
+        # Image.py: if self.size[1] > self.size[0] * 100 and size[1] < self.size[1]
+        return in_h > in_w * 100 and out_h < in_h
+    return False
+
+
+def resize(src: np.ndarray, out_w: int, out_h: int, resample: str, vertical_first: bool = False) -> np.ndarray:
+    """uint8 (h, w, 3) -> (out_h, out_w, 3) for 'pil_lanczos', 'pil_bicubic' or 'aten_u8', the
+    horizontal pass first unless `vertical_first`."""
     name = "lanczos" if resample == "pil_lanczos" else "bicubic"
     h, w = src.shape[:2]
+    passes = [(w, out_w, 1), (h, out_h, 0)]
     out = src
-    if out_w != w:
-        m = weights(w, out_w, name)
-        out = _pass(out, m, aten_precision(m) if resample == "aten_u8" else 22, axis=1)
-    if out_h != h:
-        m = weights(h, out_h, name)
-        out = _pass(out, m, aten_precision(m) if resample == "aten_u8" else 22, axis=0)
+    for in_size, out_size, axis in reversed(passes) if vertical_first else passes:
+        if out_size != in_size:
+            m = weights(in_size, out_size, name)
+            out = _pass(out, m, aten_precision(m) if resample == "aten_u8" else 22, axis=axis)
     return out.copy()

@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,12 +10,19 @@ from aligned import float_view_at
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from qwen_reference import hf_patchify, reference_table
+from reference_resize import pillow_vertical_first
 from reference_resize import resize as reference_resize
 
 from mmworker import MmError
+from mmworker.common import image_decode_rgb, resize_rgb
+from mmworker.common.pillow import pil_mode_default
 from mmworker.common.pixels import RgbImage, rgbx_copy
 from mmworker.common.resize import vertical_coefficients
-from mmworker.qwen_vl import QwenSpec, QwenVL, mrope_image_only, preprocess, smart_resize
+from mmworker.corpus import encode, photo_like
+from mmworker.qwen_vl import QwenSpec, QwenVL, as_spec, mrope_image_only, preprocess, smart_resize
+from mmworker.qwen_vl import family as family_module
+from mmworker.qwen_vl import spec as spec_module
 from mmworker.qwen_vl.patchify import normalisation, patchify_into
 from mmworker.registry import NAMED_SPECS, named_spec, pipeline_from_spec
 
@@ -121,17 +129,70 @@ def test_spec_missing_field_and_registry_errors():
     assert pipeline_from_spec(json.dumps({**TINY, "unknown_key": 5, "feature_shm": True})).spec.patch_size == 2
 
 
+def test_spec_pillow_is_resolved_and_written_back():
+    # Absent: the installed stock Pillow's version, or 12.1.1 under pillow-simd; a worker given
+    # to_mapping() as JSON resolves nothing again.
+    spec = pipeline_from_spec({**TINY, "resample": "pil"}).spec
+    assert spec.pillow == pil_mode_default()
+    assert spec.to_mapping()["pillow"] == spec.pillow and as_spec(json.dumps(spec.to_mapping())) == spec
+    named = pipeline_from_spec({**TINY, "resample": "pil", "pillow": "13.0.0"}).spec
+    assert named.pillow == "13.0.0" and as_spec(json.dumps(named.to_mapping())) == named
+
+
+@pytest.mark.parametrize("version", ["11.3.0", "14.0.0", "12", 13, "latest"])
+def test_spec_refuses_an_unsupported_pillow(version):
+    message = f"Pillow {version!r} is not supported: the pil resize reproduces stock Pillow 12.0 to 13.x"
+    for resample in ("pil", "aten_u8"):  # a bad value is a bad spec, whichever mode it would serve
+        with pytest.raises(MmError, match=rf"^qwen_vl spec: `pillow`: {re.escape(message)}$"):
+            pipeline_from_spec({**TINY, "resample": resample, "pillow": version})
+
+
+def test_an_unsupported_installed_pillow_is_refused_for_the_pil_mode_alone(monkeypatch):
+    monkeypatch.setattr(spec_module, "pil_mode_default", lambda: "14.0.0")
+    monkeypatch.setattr(spec_module, "installed", lambda: "Pillow 14.0.0")
+    with pytest.raises(
+        MmError,
+        match=r"^qwen_vl spec: `pillow` names no version, and the installed Pillow 14\.0\.0 is not one the pil mode "
+        r"reproduces \(stock Pillow 12\.0 to 13\.x\)$",
+    ):
+        pipeline_from_spec({**TINY, "resample": "pil"})
+    assert pipeline_from_spec({**TINY, "resample": "pil", "pillow": "12.3.0"}).spec.pillow == "12.3.0"
+    spec = pipeline_from_spec(TINY).spec  # aten_u8 never resizes as Pillow does: nothing to resolve
+    assert spec.pillow is None and "pillow" not in spec.to_mapping()
+
+
+# (w, h, max_pixels): Pillow 13 resizes the first three vertically first (the height shrinks by more
+# than twice as many pixels as the width: 640x480 -> 644x476 too), 12.2+ the tall one, nobody the
+# last; 600x3000 would stream (its decoded pixels outweigh half the feature), but not vertically first.
+ORDER_CASES = [
+    (640, 480, 1003520),
+    (1024, 768, 1003520),
+    (600, 3000, 401408),
+    (19, 2000, 1003520),
+    (1280, 720, 1003520),
+]
+
+
+@pytest.mark.parametrize("version", ["12.1.1", "12.3.0", "13.0.0"])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+@pytest.mark.parametrize(("w", "h", "max_pixels"), ORDER_CASES)
+def test_pil_mode_resizes_in_the_named_pillows_order(version, fmt, w, h, max_pixels, monkeypatch):
+    spec = as_spec({**named_spec("qwen2_vl"), "max_pixels": max_pixels, "resample": "pil", "pillow": version})
+    data = encode(photo_like(w, h, seed=5), fmt)
+    th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    first = pillow_vertical_first(version, w, h, tw, th)
+    if first:  # decoded whole: a streamed decode would mean the patchify's vertical pass ran
+        monkeypatch.setattr(family_module, "horizontal_rows", lambda *args: pytest.fail("streamed"))
+    pixel_values, grid = preprocess(data, spec)
+    resized = resize_rgb(image_decode_rgb(data)[2], tw, th, "pil_bicubic", pillow=version)
+    expected = hf_patchify(resized, reference_table(spec.image_mean, spec.image_std, "pil"), 14, 2, 2)
+    assert grid == (1, th // 14, tw // 14)
+    np.testing.assert_array_equal(pixel_values.view(np.uint32), expected.view(np.uint32))
+    if version == "13.0.0":
+        assert first == ((w, h) != (1280, 720))
+
+
 # --- normalisation and patch order ---------------------------------------------------------------
-
-
-def reference_table(mean, std, resample) -> np.ndarray:
-    """float32 [3, 256]: behaviour.md §7.3's LUT, in numpy float32 arithmetic (an independent oracle)."""
-    v = np.arange(256, dtype=np.float32)
-    f255 = np.float32(255)
-    rows = []
-    for m, s in zip(np.float32(mean), np.float32(std), strict=True):
-        rows.append((v / f255 - m) / s if resample == "pil" else (v - m * f255) / (s * f255))
-    return np.stack(rows)
 
 
 def kernel_table(mean, std, resample) -> np.ndarray:
@@ -172,16 +233,6 @@ def test_tv_q3_patch_order():
     assert flat[96] == value(0, 4, 0)
     assert flat[24 + 4] == flat[24]  # temporal copy
     assert flat[8] == value(0, 0, 1)
-
-
-def hf_patchify(pixels, table, ps, m, tps):
-    """Hugging Face's reshape/transpose route (Qwen2VLImageProcessor), as an independent oracle."""
-    h, w, _ = pixels.shape
-    x = np.stack([table[c][pixels[:, :, c]] for c in range(3)])  # C, H, W
-    x = np.repeat(x[None], tps, axis=0)  # T, C, H, W
-    gh, gw = h // ps, w // ps
-    x = x.reshape(1, tps, 3, gh // m, m, ps, gw // m, m, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return x.reshape(gh * gw, 3 * tps * ps * ps)
 
 
 @settings(max_examples=80, deadline=None)

@@ -1,22 +1,35 @@
-"""resize_rgb: bit-exact with stock Pillow 12 (pil_*) and torchvision (aten_u8) at zero tolerance."""
+"""resize_rgb: bit-exact with stock Pillow (pil_*, any version's order of passes) and torchvision
+(aten_u8) at zero tolerance, whichever PIL is installed."""
 
 import hashlib
+import importlib.metadata
 import weakref
 
 import numpy as np
+import PIL
 import pytest
 import reference_resize
 from conftest import load_golden
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from sources import make_source, tv_r1_source, tv_r4_source
 
 from mmworker import MmError
+from mmworker.common import pillow as pillow_module
 from mmworker.common import resize as resize_module
 from mmworker.common import resize_rgb
+from mmworker.common.pillow import IS_PILLOW_SIMD, check_version, vertical_first
 from mmworker.common.pixels import RgbImage, image_from_rgb, storage_view, unpack_rgb
-from mmworker.common.resize import RESAMPLERS, horizontal_resize, resize_image
+from mmworker.common.resize import RESAMPLERS, horizontal_resize, resize_image, vertical_resize
+
+stock_pillow_only = pytest.mark.skipif(
+    IS_PILLOW_SIMD, reason="compares with the installed Pillow's resize, and the installed PIL is pillow-simd"
+)
+# The pil_* modes against the installed Pillow (or its rule), and the Pillow versions whose rules
+# differ: 12.1 (horizontal first), 12.2/12.3 (Python: tall images), 13 (C).
+PIL_FILTERS = {"pil_bicubic": Image.Resampling.BICUBIC, "pil_lanczos": Image.Resampling.LANCZOS}
+RULES = ("12.1.1", "12.3.0", "13.0.0")
 
 GOLDEN = load_golden("resize_cases.json")
 SLOW_PIXELS = 1_500_000  # cases whose source or output is bigger are marked slow
@@ -86,6 +99,145 @@ def test_random_sizes_match_reference(h, w, th, tw, seed, resample):
     src = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
     expected = reference_resize.resize(src, tw, th, resample)
     np.testing.assert_array_equal(resize_rgb(src, tw, th, resample), expected)
+
+
+def no_pil_resize(monkeypatch):
+    """Our kernels alone: no pillow-simd, and any PIL resize fails the test."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError("PIL's resize was called")
+
+    monkeypatch.setattr(resize_module, "IS_PILLOW_SIMD", False)
+    monkeypatch.setattr(Image.Image, "resize", refused)
+
+
+@pytest.mark.parametrize("kernel", ["aten_horizontal where it is used", "no aten_horizontal"])
+def test_aten_u8_goldens_without_pillow_simd(kernel, monkeypatch):
+    # What runs with stock Pillow, here whatever PIL is installed: the aten_u8 kernel on 4-byte rows
+    # (every host), our fixed-point passes for the rest; and those passes alone.
+    no_pil_resize(monkeypatch)
+    if kernel == "no aten_horizontal":
+        monkeypatch.setattr(resize_module, "aten_horizontal", lambda in_w, out_w, pillow_simd: None)
+    for case in GOLDEN["cases"]:
+        if max(case["source"].get("h", 1) * case["source"].get("w", 1), case["th"] * case["tw"]) > SLOW_PIXELS:
+            continue
+        src = make_source(case["source"])
+        assert sha(resize_rgb(src, case["tw"], case["th"], "aten_u8")) == case["sha256"]["aten_u8"], case["name"]
+        # The pipeline's way: the horizontal pass on 4-byte rows (the kernel's), then the vertical pass alone.
+        rows = horizontal_resize(RgbImage(pixels=image_rgbx(src)), case["tw"], "aten_u8").pixels
+        full = resize_rgb(np.ascontiguousarray(rows[..., :3]), case["tw"], case["th"], "aten_u8")
+        assert sha(full) == case["sha256"]["aten_u8"], case["name"]
+
+
+def image_rgbx(src: np.ndarray) -> np.ndarray:
+    buffer = np.empty(src.shape[0] * src.shape[1] * 4, np.uint8)
+    unpack_rgb(src.reshape(-1), buffer)
+    return buffer.reshape(src.shape[0], src.shape[1], 4)
+
+
+def test_the_installed_pil_is_told_apart():
+    # pillow-simd's resize is used only when the PIL package imported is the one pillow-simd installed.
+    owners = []
+    for name in ("pillow", "pillow-simd"):
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if dist.version == PIL.__version__ and "PIL/__init__.py" in {str(f) for f in dist.files or ()}:
+            owners.append(name)
+    assert owners == (["pillow-simd"] if IS_PILLOW_SIMD else ["pillow"])
+    assert pillow_module.pil_mode_default() == ("12.1.1" if IS_PILLOW_SIMD else PIL.__version__)
+
+
+@pytest.mark.parametrize(
+    ("version", "size", "expected"),
+    [
+        ("12.1.1", (19, 2000, 28, 1988), False),
+        ("12.0.0", (19, 2000, 28, 1988), False),
+        ("12.2.0", (19, 2000, 28, 1988), True),  # h > 100 w, height shrinks
+        ("12.3.0", (20, 2000, 28, 1988), False),  # h = 100 w
+        ("12.3.0", (19, 2000, 28, 2016), False),  # height grows
+        ("13.0.0", (19, 2000, 28, 1988), True),
+        ("13.0.0", (512, 512, 644, 476), True),  # the width grows, the height shrinks
+        ("13.0.0", (1024, 768, 1036, 756), True),  # Qwen's smart_resize of 1024x768
+        ("12.3.0", (1024, 768, 1036, 756), False),
+        ("13.0.0", (1920, 1080, 1316, 728), False),  # 352 < 2 * 604
+        ("13.0.0", (100, 100, 90, 79), True),  # 21 > 2 * 10
+        ("13.0.0", (100, 100, 90, 80), False),  # 20 = 2 * 10
+        ("13.0.0", (100, 100, 110, 99), True),  # 1 > 2 * -10
+        ("13.0.0", (100, 100, 110, 100), False),  # the height does not shrink
+        ("13.2.1", (100, 100, 90, 79), True),
+    ],
+)
+def test_pass_order_rules(version, size, expected):
+    assert vertical_first(version, *size) is expected
+    assert reference_resize.pillow_vertical_first(version, *size) is expected
+
+
+@pytest.mark.parametrize("version", ["11.3.0", "14.0.0", "13", "", "pillow", None, 13.0])
+def test_unsupported_pillow_versions_are_refused(version):
+    with pytest.raises(MmError, match=r"is not supported: the pil resize reproduces stock Pillow 12\.0 to 13\.x"):
+        check_version(version)
+    with pytest.raises(MmError, match="is not supported"):
+        resize_rgb(np.zeros((4, 4, 3), np.uint8), 3, 2, "pil_bicubic", pillow=version or "x")
+
+
+# (w, h, out_w, out_h): sizes 1..200 every way, and the shapes whose order differs between versions:
+# the width growing while the height shrinks (Pillow 13), and images over 100 times taller than wide
+# (12.2, 12.3), 2 or 3 pixels wide (at width 1 both orders give the same bytes), so up to 420 tall.
+general = st.tuples(sizes, sizes, sizes, sizes)
+widening_and_shortening = st.tuples(st.integers(1, 150), st.integers(2, 200)).flatmap(
+    lambda wh: st.tuples(st.just(wh[0]), st.just(wh[1]), st.integers(wh[0], 200), st.integers(1, wh[1] - 1))
+)
+tall = st.integers(2, 3).flatmap(
+    lambda w: st.integers(100 * w + 1, 100 * w + 120).flatmap(
+        lambda h: st.tuples(st.just(w), st.just(h), st.integers(1, 40), st.integers(1, h - 1))
+    )
+)
+shapes = st.one_of(general, widening_and_shortening, tall)
+
+
+@stock_pillow_only
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes, seed=st.integers(0, 2**32 - 1), resample=st.sampled_from(sorted(PIL_FILTERS)))
+@example(shape=(512 // 4, 512 // 4, 644 // 4, 476 // 4), seed=1, resample="pil_bicubic")
+@example(shape=(2, 250, 5, 40), seed=2, resample="pil_bicubic")
+@example(shape=(3, 320, 1, 300), seed=3, resample="pil_lanczos")
+def test_pil_modes_equal_the_installed_pillow(shape, seed, resample):
+    w, h, tw, th = shape
+    src = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    expected = np.asarray(Image.fromarray(src).resize((tw, th), PIL_FILTERS[resample]))
+    np.testing.assert_array_equal(resize_rgb(src, tw, th, resample, pillow=PIL.__version__), expected)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=shapes,
+    seed=st.integers(0, 2**32 - 1),
+    resample=st.sampled_from(sorted(PIL_FILTERS)),
+    version=st.sampled_from(RULES),
+)
+def test_every_pillow_rule_equals_the_reference_in_its_order(shape, seed, resample, version):
+    w, h, tw, th = shape
+    src = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    first = reference_resize.pillow_vertical_first(version, w, h, tw, th)
+    expected = reference_resize.resize(src, tw, th, resample, vertical_first=first)
+    np.testing.assert_array_equal(resize_rgb(src, tw, th, resample, pillow=version), expected)
+    # The same passes apart, as the qwen_vl family runs a vertical-first resize (4-byte rows).
+    if first:
+        rows = vertical_resize(RgbImage(pixels=image_rgbx(src)), th, resample, consume=True)
+        assert rows.pixels.shape == (th, w, 4) and rows.buffer is not None
+        out = horizontal_resize(rows, tw, resample, consume=True).pixels
+        np.testing.assert_array_equal(out[..., :3], expected)
+
+
+def test_the_default_order_is_pillow_12_1s():
+    # resize_rgb keeps the crate's semantics; 13.0 differs on this shape (vertical first).
+    src = np.random.default_rng(4).integers(0, 256, (60, 60, 3), dtype=np.uint8)
+    ours = resize_rgb(src, 70, 40, "pil_bicubic")
+    np.testing.assert_array_equal(ours, reference_resize.resize(src, 70, 40, "pil_bicubic"))
+    np.testing.assert_array_equal(ours, resize_rgb(src, 70, 40, "pil_bicubic", pillow="12.3.0"))
+    assert not np.array_equal(ours, resize_rgb(src, 70, 40, "pil_bicubic", pillow="13.0.0"))
 
 
 @pytest.mark.parametrize("resample", RESAMPLERS)

@@ -3,7 +3,7 @@
 | function | does |
 |---|---|
 | `image_decode_rgb(data)` | JPEG/PNG/WebP/GIF/BMP bytes -> `(h, w, uint8[h, w, 3])`, equal to PIL |
-| `resize_rgb(arr, out_w, out_h, resample)` | `pil_*` (Pillow 12.x), `aten_u8` (torchvision) |
+| `resize_rgb(arr, out_w, out_h, resample)` | `pil_*` (stock Pillow; `pillow=` its version), `aten_u8` (torchvision) |
 | `scaled_dims(w, h, rescale_frac, rescale_cap)` | Inkling long-edge rescale arithmetic |
 | `content_hash(data)` | blake3 of the raw bytes, first 8 bytes big-endian |
 | `fetch_bytes(source)` | http(s), file://, absolute path, data: URL, bare base64 (64 MiB budget) |

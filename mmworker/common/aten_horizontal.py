@@ -1,10 +1,11 @@
-"""aten_u8's horizontal pass as our own kernel: pillow-simd's bytes, its coefficients computed once per image.
+"""aten_u8's horizontal pass as our own kernel: ATen's (pillow-simd's) bytes, coefficients computed once per image.
 
-aten_u8 equals pillow-simd's BICUBIC (mmworker.common.resize). pillow-simd computes its
-coefficients again on every call (~70 us at 4032 -> 1148: 24 calls for the bands of a streamed
-12 MP JPEG) and its kernel is written for AVX2. This one takes the same coefficients once
-(`resample.axis_coefficients(aten=True)`: ATen's quantisation, which is pillow-simd's; the tests
-compare every byte with pillow-simd) and applies them to bands of 4-byte rows:
+aten_u8 equals ATen's arithmetic, which pillow-simd's BICUBIC is too (mmworker.common.resize).
+pillow-simd computes its coefficients again on every call (~70 us at 4032 -> 1148: 24 calls for
+the bands of a streamed 12 MP JPEG) and its kernel is written for AVX2. This one takes the same
+coefficients once (`resample.axis_coefficients(aten=True)`: ATen's quantisation, which is
+pillow-simd's; the tests compare every byte with pillow-simd where it is installed, and with our
+fixed-point pass everywhere) and applies them to bands of 4-byte rows:
 
 - every output pixel reads G * 8 consecutive source pixels (G = 1..4 groups of 8 taps; a window
   near the right edge is shifted left to stay in the row, and the taps it gains weigh 0), or 4
@@ -22,9 +23,11 @@ order, so the bytes equal pillow-simd's. Measured on the dev VM per row, 128-row
 pillow-simd's resize of the same band: 4032 -> 1148 1.23 vs 2.0 us, 1920 -> 1316 0.79 vs 1.26;
 whole images, half groups: 640 -> 644 on 480 rows 0.118 vs 0.202 ms, 1280 -> 1288 on 720 rows
 0.38 vs 0.58 ms (with whole groups of 8 taps these were 0.198 and 0.617: no faster than
-pillow-simd). The kernel is generic LLVM IR and compiles for any CPU, but it is only used where it
-was measured faster: with AVX-512 BW (`aten_horizontal` returns None elsewhere, and pillow-simd
-runs as before).
+pillow-simd). The kernel is generic LLVM IR and compiles for any CPU; which pass it replaces
+decides where it is used (`aten_horizontal`). Against pillow-simd (the installed PIL in the
+project's .venv) only where it was measured faster: with AVX-512 BW. Against our generic
+fixed-point pass (resample.horizontal_pass, what runs with stock Pillow) everywhere: compiled for
+AVX2 or SSE4.2 alone it still takes about a third of that pass's time, as with AVX-512.
 """
 
 import numpy as np
@@ -53,6 +56,7 @@ _ODD_BLOCKS = [i + 4 for i in _EVEN_BLOCKS]
 
 
 def _fast_on_this_host() -> bool:
+    """AVX-512 BW, where the kernel was measured faster than pillow-simd."""
     if config.CPU_NAME not in (None, "host"):  # numba told to compile for another CPU
         return False
     return bool(binding.get_host_cpu_features().get("avx512bw", False))
@@ -81,17 +85,20 @@ class AtenHorizontal:
         _horizontal(rows.reshape(n, -1), self.starts, self.table, self.groups, self.precision, out.reshape(n, -1))
 
 
-def aten_horizontal(in_w: int, out_w: int) -> AtenHorizontal | None:
-    """The kernel for this pass, or None where pillow-simd should run it: no AVX-512 BW here, an
-    unchanged width, a widening pass with windows of more than 4 taps (bicubic's have at most 4; with
-    a whole group of 8 taps widening was no faster than pillow-simd: 640x480 and 1280x720 JPEGs took
-    0.7% and 1.7% longer end to end), a window of more than 32 taps, or a row narrower than one window."""
-    if not FAST_HERE or out_w == in_w:
+def aten_horizontal(in_w: int, out_w: int, *, pillow_simd: bool) -> AtenHorizontal | None:
+    """The kernel for this pass, or None where another should run it. `pillow_simd`: the other is
+    pillow-simd's resize (the installed PIL is pillow-simd), else our fixed-point pass.
+
+    None for an unchanged width, a window of more than 32 taps, or a row narrower than one window;
+    and against pillow-simd also without AVX-512 BW here, or for a widening pass with windows of
+    more than 4 taps (bicubic's have at most 4; with a whole group of 8 taps widening was no
+    faster than pillow-simd: 640x480 and 1280x720 JPEGs took 0.7% and 1.7% longer end to end)."""
+    if out_w == in_w or (pillow_simd and not FAST_HERE):
         return None
     bounds, weights, precision = resample.axis_coefficients(in_w, out_w, resample.BICUBIC, aten=True)
     taps = int(bounds[:, 1].max())
     groups = _HALF_GROUP if taps <= _TAPS_PER_GROUP // 2 else -(-taps // _TAPS_PER_GROUP)
-    if out_w > in_w and groups != _HALF_GROUP:
+    if pillow_simd and out_w > in_w and groups != _HALF_GROUP:
         return None
     if groups > _MAX_GROUPS or in_w < _window(groups) or np.abs(weights).max() >= 1 << 15:
         return None

@@ -1,12 +1,15 @@
-"""Fixed-point resampling (BICUBIC, LANCZOS): the coefficients, and Pillow 12.x's passes as numba kernels.
+"""Fixed-point resampling (BICUBIC, LANCZOS): the coefficients, and the two passes as numba kernels.
 
-Pillow's `Resample.c` (12.x) resizes separably: per axis it computes float64 filter weights for
-every output sample, normalises them, quantises them to 22 fractional bits, then runs the
-horizontal pass first (into a uint8 intermediate, rounded and clipped) and the vertical pass
-second. Each output sample is `clip8((1 << 21) + sum(src * weight))`. Everything here follows
-that recipe operation for operation (behaviour.md §5); pillow-simd and Pillow 13 do not, which is
-why this module exists. ATen (and pillow-simd, which equals it) uses the same weights quantised
-with fewer bits, chosen per axis from the largest weight (`axis_coefficients(..., aten=True)`).
+Pillow's `Resample.c` resizes separably: per axis it computes float64 filter weights for
+every output sample, normalises them, quantises them to 22 fractional bits, then runs one pass
+(into a uint8 intermediate, rounded and clipped) and the other pass second. Each output sample is
+`clip8((1 << 21) + sum(src * weight))`. Everything here follows that recipe operation for
+operation (behaviour.md §5). ATen (torchvision's uint8 antialiased resize, and pillow-simd, which
+equals it) uses the same weights quantised with fewer bits, chosen per axis from the largest weight
+(`axis_coefficients(..., aten=True)`), and the same passes with that precision: so both passes take
+the precision as an argument, and serve the `pil_*` modes and aten_u8 alike. Which pass runs first
+is the caller's choice (mmworker.common.resize, after mmworker.common.pillow's rule for each stock
+Pillow version): the intermediate is rounded to uint8, so the order changes the bytes.
 
 Speed comes from the data layout, not from the arithmetic:
 - The vertical pass applies one set of weights to whole rows, so the inner loop runs along a
@@ -16,21 +19,22 @@ Speed comes from the data layout, not from the arithmetic:
   the same contiguous multiply-add as the vertical pass, then scattered back. The scratch is a few
   tens of KB and stays in cache.
 All accumulation is int32 exactly as in C; no reductions are reordered, so results never depend on
-the layout.
+the layout. The precision is a run-time argument, loop-invariant: LLVM hoists the rounding term and
+shifts by one uniform count, and the passes take as long as they did with Pillow's 22 bits built in.
 """
 
 import math
 
 import numpy as np
-from numba import int32, njit, uint64
+from numba import int32, njit, types, uint64
+from numba.extending import intrinsic
 
 BICUBIC = 0
 LANCZOS = 1
 _SUPPORT = (2.0, 3.0)
 
+# Pillow's fractional bits (Resample.c's PRECISION_BITS); ATen's are at most as many.
 PRECISION_BITS = 32 - 8 - 2
-_HALF = 1 << (PRECISION_BITS - 1)
-_CLIP_HIGH = 1 << (PRECISION_BITS + 8)
 
 # Rows per band of the horizontal pass: 16 rows x 3 channels = 48 int32 lanes per output column,
 # a whole number of AVX2/AVX-512 vectors; the band scratch for a 4032-wide image is ~190 KB.
@@ -141,22 +145,44 @@ def axis_coefficients(
     return _axis_coefficients(in_size, out_size, kind, aten)
 
 
+# numba widens integer arithmetic to 64 bits. With Pillow's constant 22 LLVM narrowed the clip's
+# shift back to 32-bit lanes; with a run-time precision it cannot (it cannot tell the amount is
+# below 32), and widening every lane around the shift made the horizontal pass ~1.4x as long.
+@intrinsic
+def _shift32(typingctx, value, amount):
+    """value >> amount as a 32-bit arithmetic shift (amount < 32)."""
+    sig = types.int32(value, amount)
+
+    def codegen(context, builder, signature, args):
+        value32 = context.cast(builder, args[0], signature.args[0], types.int32)
+        amount32 = context.cast(builder, args[1], signature.args[1], types.int32)
+        return builder.ashr(value32, amount32)
+
+    return sig, codegen
+
+
 @njit(cache=True, inline="always")
-def _clip8(acc: int) -> int:
-    if acc >= _CLIP_HIGH:
+def _clip8(acc: int, precision: int, high: int) -> int:
+    """Pillow's clip8 (a table of acc >> 22 clamped to 0..255) and ATen's clamp of acc >> precision: the same.
+    `high` is 256 << precision."""
+    if acc >= high:
         return 255
     if acc <= 0:
         return 0
-    return acc >> PRECISION_BITS
+    return _shift32(acc, precision)
 
 
 @njit(cache=True, inline="always")
-def _convolve_rows(src: np.ndarray, first: int, count: int, weights: np.ndarray, acc: np.ndarray) -> None:
-    """acc[:] = half + sum_k src[first + k, :] * weights[k]; the contiguous, vectorised inner loop."""
+def _convolve_rows(src: np.ndarray, first: int, count: int, weights: np.ndarray, half: int, acc: np.ndarray) -> None:
+    """acc[:] = half + sum_k src[first + k, :] * weights[k] (count >= 1); the contiguous, vectorised inner loop."""
+    # The first tap sets the sums, `half` included: one sweep fewer than setting them first (a
+    # run-time `half` stored on a sweep of its own made the pass ~10% slower than Pillow's constant).
     n = acc.shape[0]
+    w = weights[0]
+    row = src[first]
     for i in range(n):
-        acc[i] = _HALF
-    for k in range(count):
+        acc[i] = int32(half + int32(int32(row[i]) * w))
+    for k in range(1, count):
         w = weights[k]
         row = src[first + k]
         for i in range(n):
@@ -164,18 +190,25 @@ def _convolve_rows(src: np.ndarray, first: int, count: int, weights: np.ndarray,
 
 
 @njit(cache=True)
-def vertical_pass(src: np.ndarray, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """out[yo, :] from rows of src; both 2-D uint8 with the same row length (width * 3)."""
+def vertical_pass(src: np.ndarray, bounds: np.ndarray, weights: np.ndarray, precision: int, out: np.ndarray) -> None:
+    """out[yo, :] from rows of src; both 2-D uint8 with the same row length (width * bytes per pixel).
+
+    Every byte of a row is resampled, a 4-byte pixel's pad byte too: contiguous rows vectorise,
+    where skipping one byte in four would not, and nobody reads the pad.
+    """
     acc = np.empty(out.shape[1], np.int32)
+    half, shift, high = int32(1 << (precision - 1)), int32(precision), int32(1 << (precision + 8))
     for yo in range(out.shape[0]):
-        _convolve_rows(src, bounds[yo, 0], bounds[yo, 1], weights[yo], acc)
+        _convolve_rows(src, bounds[yo, 0], bounds[yo, 1], weights[yo], half, acc)
         row = out[yo]
         for i in range(acc.shape[0]):
-            row[i] = _clip8(acc[i])
+            row[i] = _clip8(acc[i], shift, high)
 
 
 @njit(cache=True)
-def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+def horizontal_pass(
+    src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.ndarray, precision: int, out: np.ndarray
+) -> None:
     """out[r, xo, :3] from src[row0 + r, :, :3]; src is (h, w, C >= 3), out (rows, ow, C' >= 3), both
     C-contiguous; bytes of out beyond the first three per pixel are left as they are.
 
@@ -185,6 +218,7 @@ def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.
     """
     rows, out_w = out.shape[0], out.shape[1]
     in_w, channels = src.shape[1], src.shape[2]
+    half, shift, high = int32(1 << (precision - 1)), int32(precision), int32(1 << (precision + 8))
     lanes = uint64(BAND_ROWS * 3)
     band = np.zeros(in_w * BAND_ROWS * 3, np.uint8)
     result = np.empty(out_w * BAND_ROWS * 3, np.uint8)
@@ -207,8 +241,10 @@ def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.
                 band[d + two] = flat_src[q + two]
         for xo in range(out_w):
             first, count = uint64(bounds[xo, 0]), uint64(bounds[xo, 1])
+            # The sums start at 0 and `half` joins at the clip (int32 sums wrap: the same bits). A
+            # run-time `half` stored here made this pass ~1.4x as long as with Pillow's constant.
             for i in range(lanes):
-                acc[i] = _HALF
+                acc[i] = 0
             w0 = uint64(xo) * ksize
             for k in range(count):
                 w = flat_weights[w0 + k]
@@ -217,7 +253,7 @@ def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.
                     acc[i] = int32(acc[i] + int32(int32(band[b + i]) * w))
             d = uint64(xo) * lanes
             for i in range(lanes):
-                result[d + i] = _clip8(acc[i])
+                result[d + i] = _clip8(int32(acc[i] + half), shift, high)
         for r in range(n):
             o = uint64(r0 + r) * out_row
             lane = uint64(r * 3)
@@ -226,44 +262,3 @@ def horizontal_pass(src: np.ndarray, row0: int, bounds: np.ndarray, weights: np.
                 flat_out[d] = result[q]
                 flat_out[d + one] = result[q + one]
                 flat_out[d + two] = result[q + two]
-
-
-@njit(cache=True)
-def vertical_pass_strided(src: np.ndarray, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """vertical_pass for a source with C > 3 channels (RGBX views): only the first 3 are read."""
-    out_h, width = out.shape[0], out.shape[1]
-    for yo in range(out_h):
-        first, count = bounds[yo, 0], bounds[yo, 1]
-        for x in range(width):
-            for c in range(3):
-                acc = int32(_HALF)
-                for k in range(count):
-                    acc = int32(acc + int32(int32(src[first + k, x, c]) * weights[yo, k]))
-                out[yo, x, c] = _clip8(acc)
-
-
-def resize_fixed_point(src: np.ndarray, out_w: int, out_h: int, kind: int, out: np.ndarray) -> None:
-    """Resize src (h, w, C >= 3 uint8, C-contiguous) into out (out_h, out_w, 3) the way Pillow 12 does."""
-    src = np.ascontiguousarray(src)  # the kernels index flat buffers; a no-op for every caller today
-    in_h, in_w = src.shape[0], src.shape[1]
-    need_h, need_v = out_w != in_w, out_h != in_h
-    if not need_h and not need_v:
-        out[...] = src[:, :, :3]
-        return
-    vb, vw, _ = axis_coefficients(in_h, out_h, kind) if need_v else (None, None, None)
-    if need_h:
-        hb, hw, _ = axis_coefficients(in_w, out_w, kind)
-        if not need_v:
-            horizontal_pass(src, 0, hb, hw, out)
-            return
-        # Like Pillow, run the horizontal pass only over the source rows the vertical pass reads.
-        first = int(vb[0, 0])
-        last = int(vb[-1, 0] + vb[-1, 1])
-        vb[:, 0] -= first
-        mid = np.empty((last - first, out_w, 3), np.uint8)
-        horizontal_pass(src, first, hb, hw, mid)
-        src = mid
-    if src.shape[2] == 3:
-        vertical_pass(src.reshape(src.shape[0], -1), vb, vw, out.reshape(out_h, -1))
-    else:
-        vertical_pass_strided(src, vb, vw, out)

@@ -1,12 +1,25 @@
-"""The qwen_vl family: Qwen2-VL, 2.5-VL, 3-VL and 3.5 image preprocessing described as data."""
+"""The qwen_vl family: Qwen2-VL, 2.5-VL, 3-VL and 3.5 image preprocessing described as data.
+
+An image is resized in one of three ways, each giving the bytes of its HF processor's resize:
+- streamed: a large colour JPEG is resized horizontally band by band as it decodes, and the
+  patchify applies the vertical pass as rows arrive (no whole image ever exists);
+- whole, horizontal first: decoded whole, its horizontal pass in place, the vertical pass in the
+  patchify (mmworker.qwen_vl.patchify);
+- whole, vertical first: the `pil` mode reproducing a stock Pillow that runs the vertical pass
+  first for this size (spec `pillow`; mmworker.common.pillow.vertical_first: Pillow 12.2-12.3 on
+  images over 100 times taller than wide, Pillow 13 whenever the height shrinks by more than twice
+  as many pixels as the width). Decoded whole (such a JPEG is not streamed, however large), its
+  vertical pass, then its horizontal pass, then the patchify with the identity vertical pass.
+"""
 
 from collections.abc import Sequence
 
 import numpy as np
 
 from mmworker.common.jpeg_rows import JpegRows
+from mmworker.common.pillow import vertical_first
 from mmworker.common.pixels import RgbImage
-from mmworker.common.resize import horizontal_resize, horizontal_rows, vertical_coefficients
+from mmworker.common.resize import horizontal_resize, horizontal_rows, vertical_coefficients, vertical_resize
 from mmworker.pipeline import (
     Allocator,
     Capabilities,
@@ -60,6 +73,15 @@ class QwenVL:
         resampler = _RESAMPLER[spec.resample]
         shape = self.feature_shape(grid)
         patch = (spec.patch_size, spec.merge_size, spec.temporal_patch_size)
+        if spec.resample == "pil" and vertical_first(spec.pillow, image.width, image.height, tw, th):
+            # This Pillow resizes vertically first (module docstring): both passes here, the
+            # patchify's vertical pass the identity.
+            decoded = image.load() if isinstance(image, JpegRows) else image
+            shrunk = vertical_resize(decoded, th, resampler, consume=True)
+            resized = horizontal_resize(shrunk, tw, resampler, consume=True)
+            feature = alloc(shape, np.dtype(np.float32))
+            patchify_into(resized.pixels, vertical_coefficients(th, th, resampler), self._norm, *patch, feature)
+            return self._item(feature, grid)
         # The resize's vertical pass runs inside the patchify (see its module), on the rows of the
         # horizontal one.
         vertical = vertical_coefficients(image.height, th, resampler)
@@ -79,6 +101,10 @@ class QwenVL:
             resized = horizontal_resize(decoded, tw, resampler, consume=True)
             feature = alloc(shape, np.dtype(np.float32))
             patchify_into(resized.pixels, vertical, self._norm, *patch, feature)
+        return self._item(feature, grid)
+
+    @staticmethod
+    def _item(feature: np.ndarray, grid: tuple[int, int, int]) -> ProcessedItem:
         return ProcessedItem(
             feature=feature,
             aux={"image_grid_thw": np.array(grid, np.int64)},

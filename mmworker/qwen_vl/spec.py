@@ -1,6 +1,13 @@
 """The qwen_vl spec: which checkpoint's preprocessing to reproduce, parsed and checked once.
 
-Keys as in SGLang's `RustMmSpec` JSON (behaviour.md §7.1); unknown keys are ignored.
+Keys as in SGLang's `RustMmSpec` JSON (behaviour.md §7.1); unknown keys are ignored. One key is
+mmworker's own: `pillow`, the version string of the stock Pillow whose BICUBIC the `pil` mode
+reproduces (Qwen2VLImageProcessorPil resizes with whatever Pillow is installed beside it, and
+Pillow 12.2 and 13.0 changed the order of the resize's passes: mmworker.common.pillow). Absent, it
+is the installed Pillow's version, or "12.1.1" under pillow-simd (whose own resize is ATen's, so
+`pil` has always meant stock Pillow 12 there). A version outside 12.0-13.x is refused (MmError), so
+that a caller can fall back to its own path. `to_mapping` writes the version resolved, so that a
+process given the mapping follows the same rule as the one that parsed it.
 """
 
 from collections.abc import Mapping
@@ -9,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mmworker.common.pillow import SUPPORTED, check_version, installed, pil_mode_default
 from mmworker.errors import MmError
 
 # Which Hugging Face processor a spec reproduces bit for bit: "aten_u8" = Qwen2VLImageProcessor
@@ -27,11 +35,32 @@ class QwenSpec:
     image_mean: tuple[float, float, float]  # float32 values
     image_std: tuple[float, float, float]
     resample: str = "aten_u8"
+    # The stock Pillow version whose BICUBIC the pil mode reproduces (module docstring). None given
+    # means the installed one, resolved on construction; it stays None only for aten_u8 under an
+    # installed Pillow that the pil mode could not reproduce (aten_u8 never resizes as Pillow does).
+    pillow: str | None = None
     # Drain-side token ids (not used by preprocessing): SGLang's processor output carries them, and
     # its scheduler pads the image tokens only when it knows them.
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
     video_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pillow is not None:
+            try:
+                check_version(self.pillow)
+            except MmError as exc:
+                raise MmError(f"qwen_vl spec: `pillow`: {exc}") from None
+            return
+        default = pil_mode_default()
+        try:
+            object.__setattr__(self, "pillow", check_version(default))
+        except MmError:
+            if self.resample == "pil":
+                raise MmError(
+                    f"qwen_vl spec: `pillow` names no version, and the installed {installed()} is not one "
+                    f"the pil mode reproduces ({SUPPORTED})"
+                ) from None
 
     @property
     def factor(self) -> int:
@@ -100,6 +129,7 @@ class QwenSpec:
             image_mean=triple("image_mean"),
             image_std=std,
             resample=resample,
+            pillow=spec.get("pillow"),
             **optional,
         )
 
@@ -116,6 +146,7 @@ class QwenSpec:
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
             "resample": self.resample,
+            **({"pillow": self.pillow} if self.pillow is not None else {}),
             **{
                 name: getattr(self, name)
                 for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id")
