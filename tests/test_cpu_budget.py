@@ -124,6 +124,7 @@ def test_a_budget_striking_in_pillows_open_names_the_image_not_a_decode_error(bu
         budget.run(30.0, lambda: process(family, MmInput([151655], [data])))
 
 
+@pytest.mark.skipif(turbojpeg() is None, reason="libturbojpeg.so.0 is not installed (Debian's libturbojpeg0)")
 def test_a_budget_striking_in_turbojpegs_planes_decode_names_the_image_and_frees_the_decompressor(budget, monkeypatch):
     lib = turbojpeg()
     decode, destroy = lib.tjDecompressToYUVPlanes, lib.tjDestroy

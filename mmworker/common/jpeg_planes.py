@@ -25,10 +25,17 @@ planes (Debian's libturbojpeg0 is the libjpeg-turbo that Pillow-SIMD links), wit
 (accurate integer IDCT), and the upsampling and conversion below are libjpeg's integer arithmetic
 (tests compare every (Y, Cb, Cr) triple and whole files of odd sizes). A file about which libjpeg
 has anything to say, warning or error, is left to Pillow, which says what it says about it.
+
+libturbojpeg is optional: it is a system library (apt's libturbojpeg0, which scripts/setup.sh
+installs), not a Python dependency, and an environment mmworker is pip-installed into may lack it.
+Then `turbojpeg()` is None, `load()` logs one warning saying so, and every streamed decode goes
+through Pillow's row ring (mmworker.common.jpeg_rows): the same pixels and the same memory bound,
+only slower on large 4:2:0 files.
 """
 
 import ctypes
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +44,8 @@ import simplejpeg
 from numba import float32, int32, njit, uint16, uint32
 
 from mmworker.errors import MmError
+
+log = logging.getLogger(__name__)
 
 # libturbojpeg's flag (turbojpeg.h of libjpeg-turbo 2.x): a warning fails the call.
 _TJFLAG_STOPONWARNING = 8192
@@ -59,13 +68,19 @@ class LentMemory:
 
 
 @functools.cache
-def turbojpeg() -> ctypes.CDLL:
-    """libturbojpeg, its functions typed; loaded once per process, on the first streamed decode."""
+def turbojpeg() -> ctypes.CDLL | None:
+    """libturbojpeg, its functions typed, or None where it is missing (logged once); loaded once per
+    process, at a worker's start (`load`) or on the first streamed decode."""
     try:
         lib = ctypes.CDLL(_LIBRARY)
     except OSError as exc:
-        hint = "scripts/setup.sh installs it: apt's libturbojpeg0"
-        raise MmError(f"image decode: {_LIBRARY} is missing ({hint}): {exc}") from exc
+        log.warning(
+            "%s is not loadable (%s): large JPEGs stream through Pillow's decoder instead of TurboJPEG's "
+            "planes; Debian's libturbojpeg0 (apt-get install libturbojpeg0) enables the faster path",
+            _LIBRARY,
+            exc,
+        )
+        return None
     handle, size = ctypes.c_void_p, ctypes.c_ulong
     lib.tjInitDecompress.restype = handle
     lib.tjInitDecompress.argtypes = []
@@ -116,11 +131,14 @@ def plane_layout(width: int, height: int, lent: LentMemory, band: int) -> PlaneL
 
 def decode_planes(data: bytes | memoryview, width: int, height: int, lent: LentMemory, band: int) -> PlaneLayout | None:
     """TurboJPEG's decode of a 4:2:0 YCbCr file into the planes of `plane_layout`; None (nothing
-    decoded) for any other file, one whose planes do not fit, or one about which libjpeg warns or errs."""
-    lib = turbojpeg()
+    decoded) for any other file, one whose planes do not fit, one about which libjpeg warns or errs,
+    or any file where libturbojpeg is missing."""
     buffer = lent.buffer
     if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.flags.writeable:
         raise MmError(f"image decode: lent memory must be writable contiguous uint8, got {buffer.dtype} {buffer.shape}")
+    lib = turbojpeg()
+    if lib is None:
+        return None
     # The header as mmworker.common.jpeg_rows.colour_jpeg_size reads it (TurboJPEG, ~2 us).
     try:
         h, w, colour_space, subsampling = simplejpeg.decode_jpeg_header(data)
@@ -149,8 +167,10 @@ def decode_planes(data: bytes | memoryview, width: int, height: int, lent: LentM
 
 def load() -> None:
     """Load libturbojpeg and the conversion kernel (numba's cached machine code) now, so that a
-    worker's first large JPEG does not pay for it (and a missing library fails the start)."""
-    turbojpeg()
+    worker's first large JPEG does not pay for it. A missing library is logged (once), not raised:
+    large JPEGs then stream through Pillow's decoder, and the kernel is never needed."""
+    if turbojpeg() is None:
+        return
     width = _MIN_WIDTH + 1
     memory = np.zeros(3 * width, np.uint8)
     layout = plane_layout(width, 2, LentMemory(memory, np.zeros_like), 2)

@@ -34,7 +34,8 @@ decoded by Pillow instead, which says what it says about it.
 
 `stream(sink, lent)`, given memory its consumer will fill anyway, first tries TurboJPEG there: a
 4:2:0 file whose Y, Cb and Cr planes fit is decoded into them and handed on in bands of the same
-rows (mmworker.common.jpeg_planes); any other goes through the ring above.
+rows (mmworker.common.jpeg_planes, where the system's libturbojpeg is installed); any other goes
+through the ring above.
 """
 
 import ctypes
@@ -255,9 +256,9 @@ class JpegRows:
         """Decode, calling `sink` with consecutive bands of rows that cover the image once, in order.
 
         With `lent` memory a 4:2:0 file is decoded by TurboJPEG into planes there
-        (mmworker.common.jpeg_planes) when they fit; any other file, or one that does not fit, is
-        decoded by Pillow into a ring of rows. A progressive file gives Pillow no row before its
-        last scan: it is then decoded whole, as one band.
+        (mmworker.common.jpeg_planes) when they fit and libturbojpeg is installed; any other file,
+        or one that does not fit, is decoded by Pillow into a ring of rows. A progressive file gives
+        Pillow no row before its last scan: it is then decoded whole, as one band.
         """
         w, h = self.width, self.height
         if lent is not None:
