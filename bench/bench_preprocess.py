@@ -6,8 +6,9 @@ called in turn, each timed call right after an untimed one of the same implement
 (yardstick.interleaved_medians), and each round's medians are taken over those calls; the result
 is the median over rounds:
 - mmworker `qwen_vl.preprocess` in both modes (aten_u8, pil);
-- `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install -e
-  '.[bench]'`; it pulls neither torch nor Pillow);
+- `Qwen2VLImageProcessorPil` on pillow-simd, if transformers is installed here (`pip install
+  transformers==5.24.0`, pyproject's `bench` extra; it pulls neither torch nor Pillow, where
+  `pip install -e '.[bench]'` would put stock Pillow over pillow-simd for mmworker's own requirement);
 - the torchvision `Qwen2VLImageProcessor` with one torch thread, run in the reference venv
   (.venv-ref, scripts/setup_reference.sh) because torchvision would replace pillow-simd here, as a
   process on the same CPU that makes and times one call when asked, so that its calls take
@@ -210,7 +211,7 @@ def main() -> int:
         name: how
         for name, how, here in (
             ("Rust aten_u8", GET_REF_EXT, rust is not None),
-            ("HF Pil (pillow-simd)", "pip install -e '.[bench]'", hf_pil is not None),
+            ("HF Pil (pillow-simd)", "pip install transformers==5.24.0", hf_pil is not None),
             ("HF torchvision (1 thread)", SETUP_REF, torchvision is not None),
         )
         if not here

@@ -5,8 +5,11 @@
 #   1. apt packages that pillow-simd's codecs build against (JPEG, zlib for PNG, WebP), and
 #      libturbojpeg (the same libjpeg-turbo, for the planes of large JPEGs), if missing;
 #   2. .venv with the interpreter in $PYTHON (default python3, >= 3.11);
-#   3. pillow-simd built from source, with AVX2 where the CPU has it (SSE4 otherwise);
-#   4. pip install -e .[test];
+#   3. pillow-simd built from source, with AVX2 where the CPU has it (SSE4 otherwise), again whenever
+#      the PIL that Python imports is not its own;
+#   4. mmworker's dependencies but Pillow (pyproject.toml's, the test extra's too), then mmworker
+#      itself with --no-deps (its `pillow` requirement is for other environments: here pip would put
+#      plain Pillow over pillow-simd to satisfy it);
 #   5. verification: every required codec present and no plain Pillow shadowing pillow-simd.
 set -euo pipefail
 
@@ -47,7 +50,14 @@ py="$VENV/bin/python"
 #    SSE4 build would silently be reused for an AVX2 request (and vice versa).
 if grep -qw avx2 /proc/cpuinfo; then simd=avx2; cc="cc -mavx2"; else simd=sse4; cc="cc"; fi
 stamp="$VENV/.pillow-simd-$PILLOW_SIMD_VERSION-$simd"
-if [ ! -f "$stamp" ] || ! "$py" -c 'import PIL._imaging' 2>/dev/null; then
+# The imported PIL is pillow-simd's when that distribution owns PIL/__init__.py and PIL reports its
+# version (mmworker.common.pillow); plain Pillow installed over it (a `pip install` of something that
+# requires pillow) fails that, and the build below puts pillow-simd back.
+is_pillow_simd='
+import importlib.metadata as md, os, sys, PIL._imaging
+dist = md.distribution("pillow-simd")
+sys.exit(dist.version != PIL.__version__ or not os.path.samefile(dist.locate_file("PIL/__init__.py"), PIL.__file__))'
+if [ ! -f "$stamp" ] || ! "$py" -c "$is_pillow_simd" 2>/dev/null; then
     say "building pillow-simd $PILLOW_SIMD_VERSION ($simd)"
     "$py" -m pip uninstall -q -y pillow pillow-simd >/dev/null 2>&1 || true
     CC="$cc" "$py" -m pip install -q --no-cache-dir --no-binary pillow-simd "pillow-simd==$PILLOW_SIMD_VERSION"
@@ -55,8 +65,26 @@ if [ ! -f "$stamp" ] || ! "$py" -c 'import PIL._imaging' 2>/dev/null; then
     touch "$stamp"
 fi
 
-# 4. The project itself (pillow-simd satisfies its own requirement, so pip leaves it alone).
-"$py" -m pip install -q -e ".[test]"
+# 4. The project's dependencies but Pillow, read from pyproject.toml (the test extra's too), then the
+#    project itself without them. The constraint makes pip fail loudly, rather than install plain
+#    Pillow over pillow-simd, should any of them ever come to require Pillow.
+mapfile -t deps < <("$py" - <<'PY'
+import re
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+    if re.match(r"[A-Za-z0-9._-]+", requirement)[0].lower() != "pillow":
+        print(requirement)
+PY
+)
+((${#deps[@]})) || die "no dependencies read from pyproject.toml"
+no_pillow=$(mktemp)
+trap 'rm -f "$no_pillow"' EXIT
+echo "pillow<0" >"$no_pillow"
+"$py" -m pip install -q -c "$no_pillow" "${deps[@]}"
+"$py" -m pip install -q --no-deps -e .
 
 # 5. Verify what the build produced; fail loudly rather than run with a missing codec.
 "$py" - "$simd" <<'PY'
@@ -82,12 +110,12 @@ else:
 for codec in ("jpg", "zlib", "webp"):
     if not features.check(codec):
         problems.append(f"codec {codec!r} is missing from the pillow-simd build")
-from mmworker import MmError
 from mmworker.common.jpeg_planes import turbojpeg
-try:
-    turbojpeg()
-except MmError as exc:
-    problems.append(str(exc))
+from mmworker.common.pillow import IS_PILLOW_SIMD
+if not IS_PILLOW_SIMD:
+    problems.append("mmworker does not see pillow-simd as the installed PIL (mmworker.common.pillow)")
+if turbojpeg() is None:
+    problems.append("libturbojpeg.so.0 is not loadable (apt's libturbojpeg0)")
 if problems:
     sys.exit("[setup] ERROR: " + "; ".join(problems))
 print(f"[setup] ok: pillow-simd {Image.__version__} ({sys.argv[1]}), "
