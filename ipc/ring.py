@@ -174,14 +174,22 @@ class RingWriter:
 
 
 class RingReader:
-    """A reader's read-only mapping of a ring, handing out bounds-checked zero-copy views."""
+    """A reader's read-only mapping of a ring, handing out bounds-checked zero-copy views.
+
+    Each view stands on an anchor of its own: `view.base`, a flat array over a memoryview of the
+    mapping that no other view shares. numpy points every array derived from a view (slices,
+    reshapes, views of views) at that anchor, never past it to the mapping (a chain of array bases
+    stops at the first base that is not an array), and the anchor's memoryview pins the mapping.
+    So the anchor lives exactly as long as something still sees the view's bytes, and a weak
+    reference to it tells when the last of them is gone (mmworker's `Reply.release_on_drop`).
+    """
 
     def __init__(self, segment: Segment, ring: int) -> None:
         self.ring = ring
         self.capacity = segment.size
         self.segment = segment
-        self._bytes = np.frombuffer(segment.buffer, np.uint8)
-        self._read_only = not self._bytes.flags.writeable  # then every view of it is read-only too
+        self._buffer = segment.buffer
+        self._read_only = self._buffer.readonly  # then every view of it is read-only too
 
     def view(self, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
         """A read-only view of `nbytes` at `offset` as `dtype[shape]`; IpcError if anything is off.
@@ -203,7 +211,7 @@ class RingReader:
             raise IpcError(
                 f"ring {self.ring}: region [{offset}, {offset + nbytes}) is outside the {self.capacity}-byte ring"
             )
-        view = np.ndarray(shape, dt, self._bytes, offset)
+        anchor = np.frombuffer(self._buffer, dt, count, offset)  # a fresh memoryview of its own as its base
         if not self._read_only:
-            view.flags.writeable = False
-        return view
+            anchor.flags.writeable = False
+        return anchor.reshape(shape)

@@ -20,7 +20,7 @@ Message flow (C = client, W = worker):
                        (or in the descriptor that came with it, or in C's own memory for W to read in
                        place) (+ releases, piggybacked: see Release)
     W -> C  Done       result tensors (descriptors into W's ring), small metadata, optional frames
-    W -> C  Failed     the job's one-line reason
+    W -> C  Failed     the job's one-line reason and its kind (a plain string the application defines)
     C -> W  Release    allocations the client no longer uses (W may reuse their space); a client may
                        instead hand them over in the `released` field of W's next Job (one message
                        fewer) when W needs no space before that job
@@ -35,6 +35,7 @@ from ipc.errors import WireError
 WIRE_VERSION = 1
 MAX_HEADER_BYTES = 1 << 20  # headers are small; anything bigger is hostile or a bug
 MAX_FRAMES = 1024
+FAILED_KIND_DEFAULT = "bad_input"  # what a Failed without a kind means: the request's own content
 
 # Plain values an application may put in `args` / `meta`: no objects, no nesting beyond lists.
 Scalar = int | float | str | bool | None
@@ -94,6 +95,9 @@ class Failed(msgspec.Struct, frozen=True, tag="failed"):
     rid: int
     error: str
     busy_ms: float = 0.0
+    # Which kind of failure, as the application names its kinds (mmworker: an Outcome's value). A
+    # plain string with a default, so that a Failed from a sender that does not set it still decodes.
+    kind: str = FAILED_KIND_DEFAULT
 
 
 class Release(msgspec.Struct, frozen=True, tag="release"):
