@@ -26,6 +26,7 @@ from ipc.wire import Done, TensorDesc
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
+from mmworker.errors import Outcome
 from mmworker.pipeline import MRope
 from mmworker.registry import named_spec, pipeline_from_spec
 
@@ -270,6 +271,7 @@ def test_queue_full_rejects_at_once(images):
         errors = [replies[r].error for r in rids]
         assert errors[:2] == [None, None]
         assert all(e.startswith("queue full: 2 requests in flight") for e in errors[2:])
+        assert [replies[r].kind for r in rids] == [Outcome.ACCEPTED] * 2 + [Outcome.QUEUE_FULL] * 3
         for r in replies.values():
             r.release()
 
@@ -283,6 +285,7 @@ def test_worker_crash_is_answered_and_the_worker_replaced(images):
         [reply] = wait_replies(pool, 1)
         assert reply.request_id == rid and not reply.ok
         assert reply.error.startswith("worker crashed (worker 0, exit code -9)")
+        assert reply.kind is Outcome.WORKER_CRASHED
         assert pool.stats().request_ring_used_bytes == 0  # the dead worker's inputs are free again
         after = pool.process([P], [images["small"]])
         assert after.ok and pool.worker_pids() != [pid] and pool.stats().restarts == 1
@@ -296,6 +299,7 @@ def test_hung_worker_hits_the_deadline_and_is_replaced(images):
         t0 = time.monotonic()
         reply = pool.process([P], [images["small"]])
         assert not reply.ok and reply.error.startswith("deadline exceeded (1 s, worker 0)")
+        assert reply.kind is Outcome.DEADLINE_EXCEEDED
         assert 0.9 < time.monotonic() - t0 < 10
         assert pool.stats().request_ring_used_bytes == 0
         after = pool.process([P], [images["small"]])
@@ -310,6 +314,7 @@ def test_close_rejects_everything_pending(images):
     pool.close()
     replies = pool.poll()
     assert [r.request_id for r in replies] == rids and {r.error for r in replies} == {"pool closed"}
+    assert {r.kind for r in replies} == {Outcome.POOL_CLOSED}
     with pytest.raises(MmError, match="pool closed"):
         pool.submit([P], [images["small"]])
     assert all(ended(pid) for pid in pids)
@@ -547,12 +552,14 @@ def test_normal_workers_run_nicer_than_the_client(images):
 
 
 def test_ring_full_rejects_and_recovers_after_release(images):
-    # 8 MiB ring: one 640x480 feature (7.4 MB) fits, a second cannot while the first is held.
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8, "deadline_s": 2}) as pool:
+    # 8 MiB ring: one 640x480 feature (7.4 MB) fits, a second cannot while the first is held: the
+    # worker waits memory_wait_s for a release, then rejects it (MEMORY_FULL, before the deadline).
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8, "deadline_s": 30, "memory_wait_s": 0.5}) as pool:
         first = pool.process([P], [images["jpeg"]])
         assert first.ok
         second = pool.process([P], [images["jpeg"]])
         assert not second.ok and second.error.startswith("shared memory full")
+        assert second.kind is Outcome.MEMORY_FULL
         first.release()
         third = pool.process([P], [images["jpeg"]])
         assert third.ok
@@ -604,7 +611,7 @@ def test_aprocess(pool, images):
         return await asyncio.gather(*(pool.aprocess([P], [images["small"]]) for _ in range(3)))
 
     replies = asyncio.run(main())
-    assert all(r.ok for r in replies)
+    assert all(r.ok and r.kind is Outcome.ACCEPTED for r in replies)
     for r in replies:
         r.release()
 

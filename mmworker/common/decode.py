@@ -27,7 +27,7 @@ from PIL import Image
 from mmworker.common.jpeg_rows import JpegRows, colour_jpeg_size, open_with_pillow
 from mmworker.common.pixels import RGB_STORAGE_MODES, RgbImage, copy_rgb, from_pil
 from mmworker.common.png import PNG_SIGNATURE, decode_png
-from mmworker.errors import MmError, image_decode_error
+from mmworker.errors import MmError, UnsupportedInput, image_decode_error
 
 T = TypeVar("T")
 
@@ -79,11 +79,11 @@ def sniff_format(data: bytes | memoryview) -> str:
         return "WEBP"
     for magic, name in _REFUSED_BY_MAGIC:
         if head.startswith(magic):
-            raise MmError(f"image decode: unsupported image format {name}")
+            raise UnsupportedInput(f"image decode: unsupported image format {name}")
     if _PNM_MAGIC.match(head):
-        raise MmError("image decode: unsupported image format PNM")
+        raise UnsupportedInput("image decode: unsupported image format PNM")
     if head[4:8] == b"ftyp":
-        raise MmError(f"image decode: unsupported image format {head[8:12].decode('latin-1')!r}")
+        raise UnsupportedInput(f"image decode: unsupported image format {head[8:12].decode('latin-1')!r}")
     raise MmError("image decode: The image format could not be determined")
 
 
@@ -91,18 +91,25 @@ def _check_png_bit_depth(data: bytes | memoryview) -> None:
     # IHDR is always the first chunk: bit depth at byte 24, colour type at byte 25. PIL opens a
     # 16-bit RGB(A) PNG as 8-bit RGB(A) by dropping the low byte, so the mode cannot tell us.
     if len(data) >= 26 and data[24] == 16:
-        raise MmError(f"image decode: unsupported color {_PNG_16BIT_NAMES.get(data[25], 'L16')}")
+        raise UnsupportedInput(f"image decode: unsupported color {_PNG_16BIT_NAMES.get(data[25], 'L16')}")
 
 
 def _check_dimensions(w: int, h: int, max_pixels: int) -> None:
     if max(w, h) > MAX_IMAGE_SIDE:
-        raise MmError(f"image decode: {w}x{h} image exceeds the side limit of {MAX_IMAGE_SIDE}")
+        raise UnsupportedInput(f"image decode: {w}x{h} image exceeds the side limit of {MAX_IMAGE_SIDE}")
     if w * h > max_pixels:
-        raise MmError(f"image decode: {w}x{h} image has {w * h} pixels, above the limit of {max_pixels}")
+        raise UnsupportedInput(f"image decode: {w}x{h} image has {w * h} pixels, above the limit of {max_pixels}")
 
 
 def _open_checked(data: bytes | memoryview, fmt: str, max_pixels: int) -> Image.Image:
-    image = open_with_pillow(data, fmt)
+    try:
+        image = open_with_pillow(data, fmt)
+    except MmError as exc:
+        # Pillow's bomb error (past twice its limit, which is ours) refuses a size before we see
+        # it: the same refusal as ours below, so of the same kind, with Pillow's message.
+        if isinstance(exc.__cause__, Image.DecompressionBombError):
+            raise UnsupportedInput(str(exc)) from exc
+        raise
     w, h = image.size
     try:
         _check_dimensions(w, h, max_pixels)
@@ -154,7 +161,7 @@ def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> 
         mode = image.mode
         if mode not in RGB_STORAGE_MODES:
             if mode not in ("L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "LAB"):
-                raise MmError(f"image decode: unsupported color {mode}")
+                raise UnsupportedInput(f"image decode: unsupported color {mode}")
             with warnings.catch_warnings():
                 # "Palette images with Transparency expressed in bytes should be converted to
                 # RGBA": we drop alpha by rule, so the advice does not apply.

@@ -5,18 +5,21 @@
 | `client` | `WorkerPool`: the public face and the engine: queue, dispatch, results into replies, restarts |
 | `resources` | `PoolResources`: the OS resources of one pool (processes, sockets, segments) and their teardown |
 | `inputs` | a request's inputs: checked at submit, staged where its worker reads them, freed after |
-| `answers` | the replies owed, one per request, handed out in submission (or completion) order |
+| `answers` | the replies owed, one per request, handed out in submission (or completion) order, or each to its future |
+| `aio` | `PoolDriver`: `aprocess`'s one reader per pool per event loop, one future per request |
+| `drops` | releases made by garbage collection (`Reply.release_on_drop`), handed from any thread to the pool's |
 | `worker` | the CPU worker process (driver.process into its shared-memory ring) |
 | `cpu_budget` | a worker's CPU budget per job (a CPU-time timer whose signal raises inside the job) |
 | `iostage` | the I/O process (pycurl multi: URLs and files before a request reaches a worker) |
-| `reply` | `Reply` (zero-copy views, release) and `to_sglang` |
+| `reply` | `Reply` (zero-copy views, release, its kind) and `to_sglang` |
 | `config` | `PoolConfig` (TOML or dict) and the core plan |
 | `child` | how every child process starts and stops (lifeline, pinning, scheduling class) |
 | `protocol` | what the pool's processes agree on beyond the ipc schema (identities, source kinds) |
 """
 
+from mmworker.errors import Outcome
 from mmworker.pool.client import PoolStats, WorkerPool
 from mmworker.pool.config import CorePlan, PoolConfig
 from mmworker.pool.reply import Reply, ReplyItem, to_sglang
 
-__all__ = ["CorePlan", "PoolConfig", "PoolStats", "Reply", "ReplyItem", "WorkerPool", "to_sglang"]
+__all__ = ["CorePlan", "Outcome", "PoolConfig", "PoolStats", "Reply", "ReplyItem", "WorkerPool", "to_sglang"]

@@ -28,8 +28,19 @@ job's answer arrives (or its worker is gone).
 
 Exactly one reply per request, whatever happens: rejected at submit ("queue full", budgets), by a
 worker (its MmError), by the I/O process (fetch errors), "worker crashed", "deadline exceeded",
-"aborted" (cancel) or "pool closed". A worker that crashed or overran is replaced on the same
-core with a fresh ring; replies still holding views into the old ring keep it mapped until released.
+"aborted" (cancel) or "pool closed", each with its kind (`Reply.kind`, mmworker.errors.Outcome):
+the worker's and the I/O process's come with their Failed message, the pool sets its own. A
+worker that crashed or overran is replaced on the same core with a fresh ring; replies still
+holding views into the old ring keep it mapped until released.
+
+Memory: an accepted reply holds its worker's ring (a lease) until `release()`, or, after
+`release_on_drop()`, until nothing sees its arrays (mmworker.pool.drops). Rings are FIFO, so one
+reply held long stops the reuse of everything after it: a worker that finds its ring full waits
+`memory_wait_s` for releases, then fails the job with kind MEMORY_FULL, and the pool adds to its
+message what only this side knows: how many of that worker's replies are held and since when.
+
+asyncio: `aprocess` goes through one driver per event loop (mmworker.pool.aio): one reader on
+`fileno()`, one future per request, each reply delivered to its future as it is given.
 
 Ownership: every OS resource (processes, sockets, segments, the runtime directory) belongs to one
 `PoolResources` object (mmworker.pool.resources), closed by `close()`, by garbage collection or at interpreter exit.
@@ -37,7 +48,6 @@ Ownership: every OS resource (processes, sockets, segments, the runtime director
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import os
@@ -55,7 +65,8 @@ from ipc.peer_memory import places_of
 from ipc.ring import RingReader
 from ipc.segment import Segment
 from ipc.wire import Done, Failed, Hello, Job, Release
-from mmworker.errors import MmError
+from mmworker.errors import MmError, Outcome
+from mmworker.pool.aio import PoolDriver
 from mmworker.pool.answers import Answers
 from mmworker.pool.config import PoolConfig
 from mmworker.pool.inputs import Held, InputStaging, RequestInputs, check_inputs, override_hashes
@@ -72,9 +83,11 @@ _COLD_STARTS_KEPT = 64  # stats keep the latest worker start-up times; a pool th
 _CHECK_INTERVAL_S = 0.01
 # Releases per inbox record (a Job's or a Release's): ~20 bytes each, well inside ipc.records.MAX_RECORD_BYTES.
 _RELEASES_PER_RECORD = 1024
-# Where a wake-up found messages (Router.poll's mask: the router's socket, then the watched results).
-_FROM_ROUTER, _FROM_RESULTS = 1, 2
+# Where a wake-up found something: the router's socket, the results channel, the drops' eventfd
+# (releases posted by finalizers, applied whenever there are any; the bit says to reset the fd).
+_FROM_ROUTER, _FROM_RESULTS, _FROM_DROPS = 1, 2, 4
 _FROM_ANY = _FROM_ROUTER | _FROM_RESULTS
+_OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a Failed's kind, as it travels
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,8 @@ class PoolStats:
 class _Slot:
     """One worker position (a core); its process and ring change when it is restarted."""
 
-    __slots__ = ("core", "identity", "in_place", "incarnation", "index", "inputs", "pending", "proc", "reader", "rid",
-                 "segment", "started")  # fmt: skip
+    __slots__ = ("core", "holds", "identity", "in_place", "incarnation", "index", "inputs", "pending", "proc",
+                 "reader", "rid", "segment", "started")  # fmt: skip
 
     def __init__(self, index: int, core: int | None) -> None:
         self.index, self.core = index, core
@@ -115,11 +128,32 @@ class _Slot:
         # Its running job's inputs: their request-ring allocation, or the exports that keep them in place.
         self.inputs: Held = None
         self.in_place = False  # it reads job inputs from this process's memory (its Hello said so)
+        self.holds: dict[int, _Lease] = {}  # rid -> the lease of each unreleased reply of this incarnation
 
     @property
     def ready(self) -> bool:
         """Its worker said Hello and its ring is mapped here (reset when the worker is restarted)."""
         return self.reader is not None
+
+
+class _Lease:
+    """An accepted reply's hold on its worker's ring: which allocations, how many bytes, since when
+    the caller has it, and how it ends (`Reply.release` / `Reply.release_on_drop` call these)."""
+
+    __slots__ = ("allocations", "handed_out", "incarnation", "nbytes", "pool", "rid", "slot")
+
+    def __init__(self, pool: "WorkerPool", slot: _Slot, rid: int, allocations: list[tuple[int, int]],
+                 nbytes: int) -> None:  # fmt: skip
+        self.pool, self.slot, self.rid = pool, slot, rid
+        self.incarnation = slot.incarnation
+        self.allocations, self.nbytes = allocations, nbytes
+        self.handed_out = 0.0  # set by Answers when the caller gets the reply
+
+    def release(self) -> None:
+        self.pool._end_lease(self)
+
+    def release_on_drop(self, views: list[np.ndarray]) -> None:
+        self.pool._end_lease_on_drop(self, views)
 
 
 class _Request:
@@ -152,7 +186,10 @@ class WorkerPool:
         self.config = PoolConfig.from_any(config)
         self.plan = self.config.plan()
         self._res = PoolResources()
-        self._finalizer = weakref.finalize(self, self._res.close)
+        # asyncio drivers, one per event loop (mmworker.pool.aio); they hold this pool weakly, so
+        # the finalizer, which must not reference the pool, can take their readers off the loops.
+        self._drivers: dict[asyncio.AbstractEventLoop, PoolDriver] = {}
+        self._finalizer = weakref.finalize(self, _teardown, self._res, self._drivers)
         self._rids = itertools.count(1)
         self._auto_ids = itertools.count(1)
         self._requests: dict[int, _Request] = {}
@@ -168,6 +205,7 @@ class WorkerPool:
         self._deadline_ms = int(self.config.deadline_s * 1000)
         self._held_bytes = 0  # shared memory held by replies not yet released
         self._peak_held_bytes = 0
+        self._dropping: dict[int, _Lease] = {}  # rid -> the lease of a reply released on drop, until then
         # What each worker reads back at start-up to learn whether it can read this process's memory.
         self._probe = os.urandom(32) if self.config.inputs_in_place else None
         try:
@@ -185,6 +223,7 @@ class WorkerPool:
         res = self._res
         res.open(self.config.request_ring_mib << 20)
         self._results_fd = res.results.fileno()  # told apart from the router's in each wake-up
+        self._drops_fd = res.drops.fileno()
         self._slots = [_Slot(k, core) for k, core in enumerate(self.plan.workers)]
         self._by_identity: dict[bytes, _Slot] = {}
         self._start_io()
@@ -212,7 +251,7 @@ class WorkerPool:
     def _start_worker(self, slot: _Slot) -> None:
         slot.incarnation += 1
         # Not ready until its Hello; replies still viewing the old ring keep that (read-only) mapping alive.
-        slot.reader, slot.rid, slot.pending, slot.in_place = None, None, [], False
+        slot.reader, slot.rid, slot.pending, slot.in_place, slot.holds = None, None, [], False, {}
         self._by_identity.pop(slot.identity, None)
         slot.identity = f"w{slot.index}.{slot.incarnation}".encode()
         self._by_identity[slot.identity] = slot
@@ -223,6 +262,7 @@ class WorkerPool:
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": self.config.image_cpu_s,
+                "memory_wait_s": self.config.memory_wait_s,
                 "nice": self.config.worker_nice, "sched": self.plan.worker_sched, "probe": None}  # fmt: skip
         if self._probe is not None:
             _, [(address, _)] = places_of([self._probe])
@@ -245,23 +285,30 @@ class WorkerPool:
 
         `input_ids` are copied here. Image bytes are not: they are read when the request reaches a
         worker, so a bytearray or memoryview source must stay unchanged until its reply arrives.
+        Raises (MmError) only on misuse: after close(), or with a request id still in flight.
         """
+        return self._submit(input_ids, images, request_id, mm_hashes, None)
+
+    def _submit(self, input_ids, images, request_id: Any, mm_hashes, deliver) -> Any:
+        """`submit`; with `deliver`, the reply goes straight to deliver(reply) when it is given
+        (possibly before this returns), never to `poll`."""
         if self._res.closed:
-            raise MmError("pool closed: submit after close()")
+            raise MmError("pool closed: submit after close()", kind=Outcome.POOL_CLOSED)
         if request_id is None:
             request_id = next(self._auto_ids)
         req = _Request(next(self._rids), request_id, time.monotonic())
-        self._answers.owe(req.rid, request_id)
+        self._answers.owe(req.rid, request_id, deliver)
         self._requests[req.rid] = req
         self._stats["submitted"] += 1
         in_flight = len(self._requests) - 1
         if in_flight >= self.config.queue_depth:
-            self._reject(req, f"queue full: {in_flight} requests in flight (queue_depth {self.config.queue_depth})")
+            why = f"queue full: {in_flight} requests in flight (queue_depth {self.config.queue_depth})"
+            self._reject(req, why, Outcome.QUEUE_FULL)
             return request_id
         try:
             req.inputs = check_inputs(input_ids, images, mm_hashes)
         except MmError as exc:
-            self._reject(req, str(exc))
+            self._reject(req, str(exc), exc.kind)
             return request_id
         io_job = req.inputs.io_job()
         if io_job is not None:
@@ -269,7 +316,7 @@ class WorkerPool:
             try:
                 self._res.router.send(IO_IDENTITY, Job(req.rid, 0, 0, io_job))
             except ChannelClosed:
-                self._reject(req, "I/O process unavailable")
+                self._reject(req, "I/O process unavailable", Outcome.WORKER_CRASHED)
         else:
             req.state = "queued"
             self._queue.append(req)
@@ -304,24 +351,28 @@ class WorkerPool:
         return self._answers.take(rid)
 
     async def aprocess(self, input_ids, images, *, request_id: Any = None, mm_hashes=None) -> Reply:
-        """`process` for asyncio: waits on the pool's fd instead of blocking the loop."""
+        """`process` for asyncio: submit, then await this request's reply without blocking the loop.
+
+        Any number may be in flight at once: the loop's one driver for this pool
+        (mmworker.pool.aio) resolves each from the pool's fd. The await always returns the reply,
+        a rejection included ("pool closed" if the pool closes meanwhile); it raises only on
+        misuse, as `submit` does. Cancelling the awaiting task cancels the request, and a reply
+        that still arrives is released.
+        """
+        driver = self._drivers.get(asyncio.get_running_loop())
+        if driver is None:
+            driver = self._driver()
+        return await driver.process(input_ids, images, request_id, mm_hashes)
+
+    def _driver(self) -> PoolDriver:
+        """The running loop's driver for this pool, made now (the first `aprocess` on that loop)."""
+        if self._res.closed:  # before a reader goes on a closed fd
+            raise MmError("pool closed: submit after close()", kind=Outcome.POOL_CLOSED)
+        for loop in [loop for loop in self._drivers if loop.is_closed()]:
+            del self._drivers[loop]  # asyncio.run closes its loop: nothing to detach from any more
         loop = asyncio.get_running_loop()
-        rid = self._answers.rid_of(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
-        wake = asyncio.Event()
-        fd = self.fileno()
-        loop.add_reader(fd, wake.set)
-        try:
-            while True:
-                self._pump()
-                if self._answers.has(rid):
-                    return self._answers.take(rid)
-                wake.clear()
-                # One wake-up can stand for several messages (ZeroMQ's part of the fd is
-                # edge-triggered); the timeout keeps liveness and deadline checks going.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), 0.05)
-        finally:
-            loop.remove_reader(fd)
+        driver = self._drivers[loop] = PoolDriver(self, loop)
+        return driver
 
     def cancel(self, request_id: Any) -> bool:
         """Reject a pending request with "aborted" and free what it held; False if unknown or delivered."""
@@ -335,11 +386,12 @@ class WorkerPool:
         if req.state == "queued":
             self._queue.remove(req)
         req.cancelled = True  # a running or fetching request's result is dropped (and freed) on arrival
-        self._reject(req, "aborted", keep_tracking=req.state in ("running", "io"))
+        self._reject(req, "aborted", Outcome.ABORTED, keep_tracking=req.state in ("running", "io"))
         return True
 
     def fileno(self) -> int:
-        """An fd that becomes readable when a message may have arrived: then call poll()."""
+        """An fd that becomes readable when a message may have arrived or a reply released on drop
+        is gone: then call poll()."""
         return self._res.wake.fileno()
 
     def stats(self) -> PoolStats:
@@ -360,14 +412,20 @@ class WorkerPool:
         return self._io_proc.pid
 
     def close(self) -> None:
-        """Reject everything pending ("pool closed"), stop every process, remove every resource."""
+        """Reject everything pending ("pool closed"), stop every process, remove every resource.
+
+        The asyncio drivers' pending awaits get those rejections, and their readers come off
+        their loops. Replies still viewing a ring keep it mapped until they are released or dropped;
+        releases that come after this are dropped.
+        """
         if self._res.closed:
             return
         for req in list(self._requests.values()):
             if not req.cancelled:
-                self._reject(req, "pool closed")
+                self._reject(req, "pool closed", Outcome.POOL_CLOSED)
         self._requests.clear()
-        self._finalizer()  # terminates the processes; nothing they hold is needed any more
+        self._dropping.clear()
+        self._finalizer()  # detaches the drivers and terminates the processes
         for slot in getattr(self, "_slots", ()):  # absent if start-up failed early
             # Unmapped now, or when the last reply still viewing the ring lets go of it.
             slot.reader = None
@@ -380,11 +438,19 @@ class WorkerPool:
 
     # --- the engine (runs inside poll) ---------------------------------------------------------------
 
+    def _step(self) -> None:
+        """One turn of the engine over whatever is waiting, without waiting or handing replies out
+        (the asyncio driver's turn: replies go to their futures as they are given)."""
+        if not self._res.closed:
+            self._pump(self._arrived(0.0))
+
     def _pump(self, receive: int = _FROM_ANY) -> None:
-        """One turn of the engine; `receive` says where to look for messages (_FROM_ROUTER, _FROM_RESULTS)."""
+        """One turn of the engine; `receive` says where to look (_FROM_ROUTER, _FROM_RESULTS, _FROM_DROPS)."""
         if self._res.closed:
             return
-        if receive:
+        if receive & _FROM_DROPS or self._res.drops.posted:
+            self._apply_drops()
+        if receive & ~_FROM_DROPS:
             self._receive(receive)
         now = time.monotonic()
         if now >= self._next_check:
@@ -404,7 +470,10 @@ class WorkerPool:
         res = self._res
         where, wait = (0, timeout) if res.router.settled else (_FROM_ROUTER, 0.0)
         for fd, _ in res.wake.poll(wait):
-            where |= _FROM_RESULTS if fd == self._results_fd else _FROM_ROUTER
+            if fd == self._results_fd:
+                where |= _FROM_RESULTS
+            else:
+                where |= _FROM_DROPS if fd == self._drops_fd else _FROM_ROUTER
         return where
 
     def _receive(self, where: int) -> None:
@@ -455,13 +524,15 @@ class WorkerPool:
                 self._release(slot, _allocations(message))
             return
         if isinstance(message, Failed):
-            self._reject(req, message.error)
+            kind = _OUTCOMES.get(message.kind, Outcome.INTERNAL)
+            why = self._memory_full(slot, message.error) if kind is Outcome.MEMORY_FULL else message.error
+            self._reject(req, why, kind)
             return
         try:
             reply = self._accept(req, slot, message)
         except (IpcError, IndexError, KeyError, TypeError, ValueError) as exc:  # a descriptor that does not check out
             self._release(slot, _allocations(message))
-            self._reject(req, f"internal error: bad result from worker {slot.index}: {exc}")
+            self._reject(req, f"internal error: bad result from worker {slot.index}: {exc}", Outcome.INTERNAL)
             return
         self._finish(req, reply)
         self._stats["accepted"] += 1
@@ -483,22 +554,16 @@ class WorkerPool:
                 _, i, key = name.split(".", 2)
                 auxes[int(i)][key] = array
         items = [ReplyItem(feature=arrays[f"feature.{i}"], aux=auxes[i], hash=hashes[i]) for i in range(n_items)]
-        incarnation = slot.incarnation
+        lease = slot.holds[req.rid] = _Lease(self, slot, req.rid, allocations, held)
         self._held_bytes += held
         self._peak_held_bytes = max(self._peak_held_bytes, self._held_bytes)
-
-        def release() -> None:
-            self._held_bytes -= held
-            if not self._res.closed and slot.incarnation == incarnation and slot.ready:
-                self._release(slot, allocations)
-
         return Reply(
             request_id=req.request_id, ok=True, input_ids=arrays["input_ids"],
             offsets=[(int(s), int(e)) for s, e in meta["offsets"]], items=items,
             positions=arrays.get("positions"),
             delta=meta.get("delta"), busy_ms=done.busy_ms, queued_ms=(req.dispatched - req.submitted) * 1e3,
             to_worker_ms=(done.started - req.dispatched) * 1e3,
-            worker=slot.index, nbytes=held, token_ids=self._token_ids, _release=release,
+            worker=slot.index, nbytes=held, token_ids=self._token_ids, _lease=lease,
         )  # fmt: skip
 
     def _on_io(self, message, payload) -> None:
@@ -509,7 +574,7 @@ class WorkerPool:
         if req is None:
             return
         if isinstance(message, Failed):
-            self._reject(req, message.error)
+            self._reject(req, message.error, _OUTCOMES.get(message.kind, Outcome.INTERNAL))
             return
         req.inputs.fetched(payload)
         req.state = "queued"
@@ -522,25 +587,26 @@ class WorkerPool:
             req = self._requests.get(slot.rid) if slot.rid is not None else None
             if ended and slot.proc.poll() is not None:
                 why = f"worker crashed (worker {slot.index}, exit code {slot.proc.returncode})"
-                self._restart(slot, req, why)
+                self._restart(slot, req, why, Outcome.WORKER_CRASHED)
             elif req is not None and now > req.deadline:
                 slot.proc.kill()  # it may be hung or stopped: its ring and its job are abandoned
                 slot.proc.wait()
-                self._restart(slot, req, f"deadline exceeded ({self.config.deadline_s:g} s, worker {slot.index})")
+                why = f"deadline exceeded ({self.config.deadline_s:g} s, worker {slot.index})"
+                self._restart(slot, req, why, Outcome.DEADLINE_EXCEEDED)
             elif slot.pending and slot.rid is not None:  # releases its inbox had no room for before
                 self._flush_releases(slot)
         if ended and self._io_proc.poll() is not None:
             code = self._io_proc.returncode
             for req in [r for r in self._requests.values() if r.state == "io"]:
-                self._reject(req, f"I/O process crashed (exit code {code})")
+                self._reject(req, f"I/O process crashed (exit code {code})", Outcome.WORKER_CRASHED)
             self._stats["restarts"] += 1
             self._start_io()
 
-    def _restart(self, slot: _Slot, req: _Request | None, why: str) -> None:
+    def _restart(self, slot: _Slot, req: _Request | None, why: str, kind: Outcome) -> None:
         self._idle.pop(slot.index, None)
         self._free_inputs(slot)  # its process has ended (or was killed and reaped): nothing reads them
         if req is not None and not req.cancelled:
-            self._reject(req, why)
+            self._reject(req, why, kind)
         elif req is not None:
             self._forget(req)
         self._retire(slot)  # if it died before mapping its ring, the name is still there
@@ -568,7 +634,7 @@ class WorkerPool:
                 staged, fd, places = self._staging.stage(slot.in_place, (inputs.ids, *inputs.frames))
             except IpcError as exc:  # not even a one-off segment could be had
                 self._queue.popleft()
-                self._reject(req, f"request inputs not staged: {exc}")
+                self._reject(req, f"request inputs not staged: {exc}", Outcome.INTERNAL)
                 continue
             del self._idle[index]
             released = slot.pending[:_RELEASES_PER_RECORD]
@@ -603,6 +669,48 @@ class WorkerPool:
 
     # --- bookkeeping -----------------------------------------------------------------------------
 
+    def _end_lease(self, lease: _Lease) -> None:
+        """A reply is released: its allocations go back to its worker (if it still runs that ring)."""
+        if self._res.forked():  # a forked child's copy: the worker's memory is the parent's to release
+            return
+        self._held_bytes -= lease.nbytes
+        slot = lease.slot
+        if slot.incarnation != lease.incarnation:  # its worker was replaced: nobody to give it back to
+            return
+        del slot.holds[lease.rid]
+        if not self._res.closed and slot.ready:
+            self._release(slot, lease.allocations)
+
+    def _end_lease_on_drop(self, lease: _Lease, views: list[np.ndarray]) -> None:
+        """`Reply.release_on_drop`: the lease ends once `views` and all derived from them are gone."""
+        if self._res.closed:  # nothing to give back any more; live views keep the mapping themselves
+            self._end_lease(lease)
+            return
+        self._dropping[lease.rid] = lease
+        self._res.drops.watch(views, lease.rid)
+
+    def _apply_drops(self) -> None:
+        """End the leases whose views are all gone (posted by finalizers on any thread)."""
+        for rid in self._res.drops.take():
+            lease = self._dropping.pop(rid, None)
+            if lease is not None:
+                self._end_lease(lease)
+
+    def _memory_full(self, slot: _Slot, error: str) -> str:
+        """A worker's "shared memory full", with what only this side knows: which of its replies
+        hold its ring, since when the caller has them, and what to do."""
+        holds = list(slot.holds.values())
+        if not holds:  # the job's own allocations fill the ring
+            return f"{error}; worker {slot.index} has no unreleased reply: raise ring_mib (now {self.config.ring_mib})"
+        now = time.monotonic()
+        ages = [now - lease.handed_out for lease in holds if lease.handed_out]
+        text = f"{error}; worker {slot.index}'s unreleased replies: {len(holds)} ({sum(h.nbytes for h in holds)} bytes)"
+        if ages:
+            text += f", the oldest handed out {max(ages):.1f} s ago"
+        if len(ages) < len(holds):
+            text += f", {len(holds) - len(ages)} not yet taken by poll()"
+        return f"{text}: release replies sooner, or raise ring_mib (now {self.config.ring_mib})"
+
     def _release(self, slot: _Slot, allocations: list[tuple[int, int]]) -> None:
         """Give allocations back to a worker: at once if it is busy (it may be waiting for space),
         else with its next Job (it allocates nothing before that), which saves a message each way."""
@@ -622,12 +730,12 @@ class WorkerPool:
         except ChannelClosed:  # it is gone; its process handle tells the rest, and its ring goes
             slot.pending = []
 
-    def _reject(self, req: _Request, error: str, *, keep_tracking: bool = False) -> None:
-        """Answer `req` with `error`; `keep_tracking` keeps a cancelled request known until its worker's
-        or the I/O process's answer arrives (and is then dropped and freed)."""
+    def _reject(self, req: _Request, error: str, kind: Outcome, *, keep_tracking: bool = False) -> None:
+        """Answer `req` with `error` of `kind`; `keep_tracking` keeps a cancelled request known until its
+        worker's or the I/O process's answer arrives (and is then dropped and freed)."""
         self._stats["rejected"] += 1
         latency = (time.monotonic() - req.submitted) * 1e3
-        self._answers.give(req.rid, Reply(req.request_id, False, error, latency_ms=latency))
+        self._answers.give(req.rid, Reply(req.request_id, False, error, kind, latency_ms=latency))
         if not keep_tracking:
             self._forget(req)
 
@@ -647,6 +755,18 @@ class WorkerPool:
             self._forget(req)
             return None
         return req
+
+
+def _teardown(resources: PoolResources, drivers: dict[asyncio.AbstractEventLoop, PoolDriver]) -> None:
+    """The pool's end (close() or its garbage collection): the drivers' readers come off their
+    loops while the fd is still open (a closed fd's number may be reused at once), then the OS
+    resources go. Nothing in a forked child's copy: the loops' epoll instances are shared with the
+    parent, whose registrations a removal there would delete."""
+    if not resources.forked():
+        for driver in drivers.values():
+            driver.detach()
+    drivers.clear()
+    resources.close()
 
 
 def _allocations(done: Done) -> list[tuple[int, int]]:

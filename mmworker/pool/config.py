@@ -15,6 +15,9 @@ From a dict or a TOML file (every key optional):
                               # one-off segment instead)
     queue_depth = 256         # requests in flight (queued + fetching + running + unread); beyond: "queue full"
     deadline_s = 60           # per request, from dispatch to a worker; past it: "deadline exceeded"
+    memory_wait_s = 5         # how long a worker whose ring is full waits for replies to be released
+                              # before it rejects the job (kind MEMORY_FULL: the caller holds replies
+                              # too long; the message says how many and since when)
     image_cpu_s = 30          # CPU seconds per image a worker may spend on a request (then it rejects it)
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
@@ -113,6 +116,7 @@ class PoolConfig:
     request_ring_mib: int = 64
     queue_depth: int = 256
     deadline_s: float = 60.0
+    memory_wait_s: float = 5.0
     image_cpu_s: float = 30.0
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
@@ -159,6 +163,7 @@ class PoolConfig:
         positive("request_ring_mib", self.request_ring_mib)
         positive("queue_depth", self.queue_depth)
         positive("deadline_s", self.deadline_s, float)
+        positive("memory_wait_s", self.memory_wait_s, float)
         positive("image_cpu_s", self.image_cpu_s, float)
         positive("start_timeout_s", self.start_timeout_s, float)
         positive("io_concurrency", self.io_concurrency)

@@ -6,7 +6,7 @@ runs at once up to a global cap (default 32), so a request's images download con
 slow host or a hung mount never occupies a CPU worker.
 
     C -> IO  Job(rid, args={"sources": [...], "budget": bytes allowed for these sources})
-    IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason)
+    IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason, kind)
 
 Every URL and path passes the pool's media policy (mmworker.common.policy: schemes, domains,
 resolved addresses on every connection, local roots). Each request's sources share one ByteBudget
@@ -29,7 +29,7 @@ from mmworker.common.budget import ByteBudget
 from mmworker.common.fetch import REMOTE_PREFIXES, fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
 from mmworker.common.policy import MediaPolicy
-from mmworker.errors import MmError
+from mmworker.errors import MmError, Outcome
 from mmworker.pool.child import run_child
 from mmworker.pool.protocol import IO_IDENTITY
 
@@ -45,7 +45,7 @@ class _Request:
         self.indices = indices  # each source's index among the request's images, for messages
         self.budget = ByteBudget(budget)
         self.results: list[bytes | None] = [None] * n
-        self.errors: dict[int, str] = {}
+        self.errors: dict[int, MmError] = {}
         self.pending = n
 
 
@@ -98,7 +98,7 @@ class IoStage:
                 or not all(isinstance(i, int) for i in indices)
                 or not isinstance(budget, int)
             ):
-                self.channel.send(Failed(message.rid, "malformed I/O job"))
+                self.channel.send(Failed(message.rid, "malformed I/O job", kind=Outcome.INTERNAL.value))
                 return
             request = _Request(message.rid, indices, budget)
             for index, source in enumerate(sources):
@@ -113,7 +113,7 @@ class IoStage:
         try:
             request.results[index] = fetch_bytes(source, request.budget, policy=self.policy)
         except MmError as exc:
-            request.errors[index] = str(exc)
+            request.errors[index] = exc
         request.pending -= 1
 
     def _drive(self) -> None:
@@ -126,7 +126,7 @@ class IoStage:
             try:
                 transfer = Transfer(url, request.budget, self.timeout_s, self.policy)
             except MmError as exc:
-                request.errors[index] = str(exc)
+                request.errors[index] = exc
                 request.pending -= 1
                 self._finish_if_done(request)
                 continue
@@ -151,7 +151,7 @@ class IoStage:
         try:
             request.results[index] = transfer.finish(err)
         except MmError as exc:
-            request.errors[index] = str(exc)
+            request.errors[index] = exc
         request.pending -= 1
         self._finish_if_done(request)
 
@@ -160,7 +160,8 @@ class IoStage:
             return
         if request.errors:
             index = min(request.errors)
-            self.channel.send(Failed(request.rid, f"image {request.indices[index]}: {request.errors[index]}"))
+            error = request.errors[index]
+            self.channel.send(Failed(request.rid, f"image {request.indices[index]}: {error}", kind=error.kind.value))
         else:
             self.channel.send(Done(request.rid, {}, {}, frames=len(request.results)), tuple(request.results))
 

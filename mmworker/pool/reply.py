@@ -1,10 +1,21 @@
 """What the pool hands back per request: `Reply` (accept or reject, zero-copy views) and `to_sglang`."""
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+
+from mmworker.errors import Outcome
+
+
+class Lease(Protocol):
+    """An accepted reply's hold on its worker's ring (the pool's side of `release`)."""
+
+    handed_out: float  # time.monotonic() when the caller got the reply (0 until then)
+
+    def release(self) -> None: ...
+
+    def release_on_drop(self, views: list[np.ndarray]) -> None: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -20,15 +31,20 @@ class ReplyItem:
 class Reply:
     """Exactly one per submitted request.
 
+    `kind` says what became of it (mmworker.errors.Outcome): ACCEPTED exactly when `ok`, else the
+    kind of rejection, beside `error`, the message that names the cause.
+
     Accepted (`ok`): `input_ids` (int64, expanded), `offsets` (inclusive, per image), `items`,
     `positions` (int64 [3, L] M-RoPE) and `delta`. Every array is a read-only view into shared
     memory that stays valid until `release()` (or the end of a `with reply:` block); after that the
-    worker may reuse the memory, so copy anything you keep. Rejected: `error` names the cause.
+    worker may reuse the memory, so copy anything you keep. Or, for views handed on to code that
+    drops them later, `release_on_drop()`: the memory goes back once nothing sees it any more.
     """
 
     request_id: Any
     ok: bool
     error: str | None = None
+    kind: Outcome = Outcome.ACCEPTED
     input_ids: np.ndarray | None = None
     offsets: list[tuple[int, int]] = field(default_factory=list)
     items: list[ReplyItem] = field(default_factory=list)
@@ -42,7 +58,7 @@ class Reply:
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released
     token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ...
-    _release: Callable[[], None] | None = field(default=None, repr=False)
+    _lease: Lease | None = field(default=None, repr=False)
 
     @property
     def returned_ms(self) -> float:
@@ -58,11 +74,41 @@ class Reply:
     def hashes(self) -> list[int]:
         return [item.hash for item in self.items]
 
+    def views(self) -> list[np.ndarray]:
+        """Every array of an accepted reply that views shared memory: input_ids, positions, each
+        item's feature and aux arrays (none for a rejection)."""
+        if not self.ok:
+            return []
+        views = [self.input_ids]
+        if self.positions is not None:
+            views.append(self.positions)
+        for item in self.items:
+            views.append(item.feature)
+            views.extend(item.aux.values())
+        return views
+
     def release(self) -> None:
         """Give the shared memory back (idempotent). Views must not be used afterwards."""
-        release, self._release = self._release, None
-        if release is not None:
-            release()
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
+    def release_on_drop(self) -> None:
+        """Give the shared memory back once nothing sees it any more, instead of at `release()`.
+
+        From now on the memory goes back to its worker once every array of this reply (`views()`)
+        and everything still viewing them is gone: slices, reshapes, tensors of `torch.from_numpy`
+        (which keep a reference to the array they wrap), and this Reply itself, which holds its
+        arrays (drop it, or keep only what you hand on). The last reference may go on any thread:
+        the pool gives the memory back at its next `poll()` (or `process()`, or the asyncio
+        driver's next turn), woken through `fileno()`. Until then nothing overwrites the bytes.
+        `release()` after this is a no-op, and so is this on a rejected or released reply. After
+        the pool is closed nothing is given back (there is nobody to give it to), and views still
+        alive keep the memory mapped as long as they live.
+        """
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release_on_drop(self.views())
 
     def __enter__(self) -> "Reply":
         return self

@@ -1,5 +1,12 @@
 """The OS resources of one pool (child processes, sockets, shared-memory segments, its runtime
-directory): the one place that creates them and the one teardown that destroys them all."""
+directory): the one place that creates them and the one teardown that destroys them all.
+
+Only the process that created them tears them down. A process that forks (SGLang's
+ProcessPoolExecutor workers, with the fork start method) gives its child a copy of this object,
+whose teardown (at the child's exit, or when its copy of the pool is collected) would otherwise
+signal the parent's workers, unlink the parent's segments still linked and remove its socket
+directory. In the child it does nothing: its copies of descriptors and mappings go with it.
+"""
 
 import json
 import logging
@@ -16,6 +23,7 @@ from ipc.inbox import Inbox
 from ipc.results import ResultsChannel
 from ipc.ring import RingWriter
 from ipc.segment import Segment, new_name, sweep_stale
+from mmworker.pool.drops import Drops
 from mmworker.pool.protocol import REQUEST_RING
 from mmworker.runtime import tuned_environ
 
@@ -34,12 +42,14 @@ class PoolResources:
     """
 
     def __init__(self) -> None:
+        self.pid = os.getpid()  # the creator: the only process whose teardown touches anything
         self.rundir: RuntimeDir | None = None
         self.context = None
         self.router: Router | None = None
         self.results: ResultsChannel | None = None
         self.inboxes: dict[int, Inbox] = {}  # per worker slot; replaced when its worker is
-        self.wake: select.epoll | None = None  # its fd is readable when the router or the results are
+        self.wake: select.epoll | None = None  # its fd is readable when the router, the results or the drops are
+        self.drops: Drops | None = None  # releases posted by finalizers (mmworker.pool.drops)
         self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
         self.exits = select.poll()  # over the pidfds
         self.segments: list[Segment] = []
@@ -49,8 +59,9 @@ class PoolResources:
 
     def open(self, request_ring_bytes: int) -> None:
         """The runtime directory, the ZeroMQ router (for the I/O process), the results channel, the
-        wake-up fd over both, and the request ring, which workers map through an inherited descriptor;
-        first, the segments and runtime directories that pools killed before their teardown left."""
+        drops' eventfd, the wake-up fd over those three, and the request ring, which workers map
+        through an inherited descriptor; first, the segments and runtime directories that pools
+        killed before their teardown left."""
         removed = sweep_stale()
         if removed:
             log.warning("removed %d shared-memory segment(s) left by dead pools", len(removed))
@@ -62,9 +73,11 @@ class PoolResources:
         self.router = Router(self.context, self.rundir.endpoint("work"))
         self.results = ResultsChannel()
         self.router.watch(self.results.fileno())
+        self.drops = Drops()
         self.wake = select.epoll()
         self.wake.register(self.router.fileno(), select.EPOLLIN)
         self.wake.register(self.results.fileno(), select.EPOLLIN)
+        self.wake.register(self.drops.fileno(), select.EPOLLIN)
         requests = self.new_segment("req", request_ring_bytes)
         self.requests_fd = requests.reader_fd()
         requests.unlink()  # workers map the inherited descriptor: the name is not needed
@@ -109,10 +122,17 @@ class PoolResources:
         inbox = self.inboxes[index] = Inbox()
         return inbox
 
+    def forked(self) -> bool:
+        """Whether this is a forked child's copy (then nothing here is this process's to touch)."""
+        return os.getpid() != self.pid
+
     def close(self) -> None:
+        """Stop every child and remove everything (idempotent); in a forked child's copy, nothing."""
         if self.closed:
             return
         self.closed = True
+        if self.forked():
+            return
         for proc in self.pidfds:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -128,6 +148,8 @@ class PoolResources:
         self.pidfds.clear()
         if self.wake is not None:
             self.wake.close()
+        if self.drops is not None:
+            self.drops.close()
         for inbox in self.inboxes.values():
             inbox.close()
         if self.results is not None:

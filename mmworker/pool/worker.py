@@ -5,7 +5,7 @@ of the client, which may have initialised CUDA; nothing is pickled, the argument
 
     {"inbox_fd": fd, "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
      "ring": name, "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s,
-     "probe": [address, hex] | null}
+     "memory_wait_s": s, "probe": [address, hex] | null}
 
 Jobs, releases and Stop arrive in its inbox (`inbox_fd`, ipc.inbox); Hello and each job's answer
 go back through `results_fd` (ipc.results). Neither uses ZeroMQ, so the process has exactly one
@@ -22,9 +22,11 @@ a tiny image -> map the ring -> try the probe -> Hello -> then one job at a time
       -> driver.process(family, MmInput, alloc=ring allocator)
       -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta;
               busy_ms and started: when the job began on this host's monotonic clock)
-      or Failed(reason), on the results channel; the job's allocations are freed on every failure path.
+      or Failed(reason, kind), on the results channel; the job's allocations are freed on every failure path.
 
-While waiting for ring space it applies Release messages (the only way space comes back).
+While waiting for ring space it applies Release messages (the only way space comes back), for at
+most memory_wait_s per allocation: a ring that stays full that long means its client holds
+replies too long, and the job fails at once with kind MEMORY_FULL rather than at its deadline.
 """
 
 import json
@@ -36,17 +38,17 @@ import traceback
 
 import numpy as np
 
-from ipc.errors import ChannelClosed, IpcError
+from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError, RingFull
 from ipc.inbox import InboxReader
 from ipc.peer_memory import PeerMemory
 from ipc.results import ResultSender
-from ipc.ring import RingReader, RingWriter
+from ipc.ring import Allocation, RingReader, RingWriter
 from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
 from mmworker.common import jpeg_planes
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
-from mmworker.errors import BudgetExceeded, MmError
+from mmworker.errors import BudgetExceeded, MmError, Outcome
 from mmworker.pipeline import MRope
 from mmworker.pool.child import run_child
 from mmworker.pool.cpu_budget import CpuBudget
@@ -63,6 +65,7 @@ class Worker:
         self.started = time.monotonic()
         self.id = int(args["worker"])
         self.image_cpu_s = float(args.get("image_cpu_s", 30.0))
+        self.memory_wait_s = float(args.get("memory_wait_s", 5.0))
         self.budget = CpuBudget()
         self.family = pipeline_from_spec(args["spec"])
         self._warm_up()
@@ -143,7 +146,7 @@ class Worker:
             try:
                 inputs = RingReader(Segment.map_fd(fd), REQUEST_RING)
             except IpcError as exc:
-                self.results.send(Failed(job.rid, f"internal error: job inputs not mapped: {exc}"))
+                self.results.send(Failed(job.rid, f"internal error: job inputs not mapped: {exc}", kind=_INTERNAL))
                 return
             finally:
                 os.close(fd)  # the mapping keeps the memory
@@ -164,7 +167,7 @@ class Worker:
             dt = np.dtype(dtype)
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             with self.budget.held():  # an allocation made is recorded, so a failure frees it
-                allocation = self.ring.allocate(nbytes, deadline, self._wait_for_space)
+                allocation = self.ring.try_allocate(nbytes) or self._wait_for_room(nbytes, deadline)
                 array = self.ring.array(allocation, dt, shape)
                 allocations.append((array, allocation))
             return array
@@ -181,10 +184,10 @@ class Worker:
                 self.image_cpu_s * max(1, images), lambda: self._compute(job, buffers, alloc, allocations, t0)
             )
         except (BudgetExceeded, MmError, IpcError) as exc:
-            answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3)
+            answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3, _kind_of(exc))
         except Exception as exc:  # a bug must still answer the request, and be visible in the log
             traceback.print_exc(file=sys.stderr)
-            answer = Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}")
+            answer = Failed(job.rid, f"internal error: {type(exc).__name__}: {exc}", kind=_INTERNAL)
         if isinstance(answer, Failed):
             self._free(allocations)
         try:
@@ -193,7 +196,15 @@ class Worker:
             raise  # the client is gone: nothing to answer to (the lifeline ends this process)
         except IpcError as exc:  # e.g. a result too large for one record: still answer, as a rejection
             self._free(allocations)
-            self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}"))
+            self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}", kind=_INTERNAL))
+
+    def _wait_for_room(self, nbytes: int, deadline: float) -> Allocation:
+        """An allocation once releases make room: RingFull after memory_wait_s (or at the job's deadline)."""
+        started = time.monotonic()
+        try:
+            return self.ring.allocate(nbytes, min(deadline, started + self.memory_wait_s), self._wait_for_space)
+        except RingFull as exc:
+            raise RingFull(f"{exc}, after waiting {time.monotonic() - started:.1f} s for releases") from None
 
     def _inputs(self, job: Job, inputs: RingReader) -> list[memoryview]:
         """The job's input bytes: views of the request ring (or of its one-off segment), or read
@@ -201,7 +212,10 @@ class Worker:
         if not job.inputs_in_sender:
             return [inputs.view(offset, nbytes, "|u1", (nbytes,)).data for offset, nbytes in job.inputs]
         if self.client_memory is None:
-            raise MmError("malformed job: its inputs are in the client's memory, which this worker does not read")
+            raise MmError(
+                "malformed job: its inputs are in the client's memory, which this worker does not read",
+                kind=Outcome.INTERNAL,
+            )
         try:
             return self.client_memory.read(job.inputs)
         except IpcError as exc:
@@ -209,11 +223,15 @@ class Worker:
 
     def _compute(self, job: Job, buffers: list[memoryview], alloc, allocations, t0: float) -> Done:
         if not buffers or len(buffers[0]) % 8:
-            raise MmError(f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them")
+            raise MmError(
+                f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them",
+                kind=Outcome.INTERNAL,
+            )
         ids = np.frombuffer(buffers[0], dtype="<i8")
         kinds = job.args.get("kinds", "")
         if not isinstance(kinds, str) or len(kinds) != len(buffers) - 1:
-            raise MmError(f"malformed job: {len(buffers) - 1} source frame(s) but kinds {kinds!r}")
+            why = f"malformed job: {len(buffers) - 1} source frame(s) but kinds {kinds!r}"
+            raise MmError(why, kind=Outcome.INTERNAL)
         sources = [
             buffer if kind == KIND_BYTES else str(buffer, "utf-8")
             for kind, buffer in zip(kinds, buffers[1:], strict=True)
@@ -253,6 +271,22 @@ class Worker:
         self.segment.close()
         self.requests_segment.close()
         self.budget.close()
+
+
+_INTERNAL = Outcome.INTERNAL.value
+
+
+def _kind_of(exc: BaseException) -> str:
+    """The Outcome (its wire value) of a job's failure."""
+    if isinstance(exc, MmError):
+        return exc.kind.value
+    if isinstance(exc, RingFull):  # the client holds its replies too long
+        return Outcome.MEMORY_FULL.value
+    if isinstance(exc, AllocationTooLarge):  # a result larger than the whole ring: no wait can make room
+        return Outcome.UNSUPPORTED.value
+    if isinstance(exc, BudgetExceeded):  # an image over its CPU budget
+        return Outcome.BAD_INPUT.value
+    return _INTERNAL  # an IpcError of this worker's own machinery
 
 
 def main(argv: list[str]) -> int:
