@@ -190,3 +190,20 @@ def test_views_dropped_after_close_keep_their_bytes_and_raise_nothing(images, mo
     del later
     gc.collect()
     assert pool.poll() == [] and unraisable == []
+
+
+def test_a_drop_on_the_pools_own_thread_wakes_nobody_and_its_next_turn_gives_the_memory_back(images):
+    # A wake-up of the pool's own (awake) thread would only cost it a sleep and a wake-up; the
+    # release is taken at its next turn: here stats(), as well as any submit, result or tick.
+    with WorkerPool(SPEC, {"workers": 1}) as pool:
+        reply = pool.process([P], [images["medium"]])
+        assert reply.ok and pool.stats().shm_held_bytes == reply.nbytes
+        reply.release_on_drop()
+        del reply
+        gc.collect()
+        readable, _, _ = select.select([pool.fileno()], [], [], 0.2)
+        assert not readable, "a drop on the pool's own thread woke it"
+        assert pool.stats().shm_held_bytes == 0
+        again = pool.process([P], [images["medium"]])  # and the ring serves on
+        assert again.ok
+        again.release()

@@ -52,6 +52,7 @@ import itertools
 import logging
 import os
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -294,6 +295,8 @@ class WorkerPool:
         (possibly before this returns), never to `poll`."""
         if self._res.closed:
             raise MmError("pool closed: submit after close()", kind=Outcome.POOL_CLOSED)
+        if self._res.drops.posted:  # memory the caller let go of since the last turn: before it is wanted
+            self._apply_drops()
         if request_id is None:
             request_id = next(self._auto_ids)
         req = _Request(next(self._rids), request_id, time.monotonic())
@@ -395,6 +398,8 @@ class WorkerPool:
         return self._res.wake.fileno()
 
     def stats(self) -> PoolStats:
+        if self._res.drops.posted and not self._res.closed:  # posted on this thread since the last turn
+            self._apply_drops()
         return PoolStats(
             workers=len(self._slots), workers_ready=sum(s.ready for s in self._slots),
             restarts=self._stats["restarts"], submitted=self._stats["submitted"], accepted=self._stats["accepted"],
@@ -448,6 +453,7 @@ class WorkerPool:
         """One turn of the engine; `receive` says where to look (_FROM_ROUTER, _FROM_RESULTS, _FROM_DROPS)."""
         if self._res.closed:
             return
+        self._res.drops.owner = threading.get_ident()
         if receive & _FROM_DROPS or self._res.drops.posted:
             self._apply_drops()
         if receive & ~_FROM_DROPS:

@@ -9,13 +9,21 @@ last one posts the reply's token.
 
 A finalizer runs wherever the last reference goes: on any thread, inside a garbage collection,
 while the pool's own thread is in the middle of something. So it does the least that can be done
-anywhere: it appends the token to a deque (atomic) and bumps an eventfd that the pool's wake-up
-set watches (so a loop sleeping on `WorkerPool.fileno()` wakes). The pool takes the tokens on its
-own thread at its next pump and releases those replies as `Reply.release()` would.
+anywhere: it appends the token to a deque (atomic), and on another thread than the pool's it also
+bumps an eventfd that the pool's wake-up set watches (so a loop sleeping on `WorkerPool.fileno()`
+wakes). The pool takes the tokens on its own thread at its next turn and releases those replies as
+`Reply.release()` would.
 
-    any thread                                 the pool's thread (poll / process / the asyncio driver)
+    another thread                              the pool's thread (poll / process / the asyncio driver)
     last anchor of reply r gone
       -> posted.append(r); eventfd += 1  --->  fileno() readable -> take() -> release r's allocations
+    the pool's thread, between turns
+      -> posted.append(r)                ...   next turn (a submit, a result, a tick, stats) -> take()
+
+On the pool's own thread a wake-up would buy nothing and cost the most: that thread is awake, and
+a sleep and a wake-up of an event loop cost it 40-60 us of CPU on a VM, a drop per request as much
+as the request's own result. Its next turn comes soon wherever the memory is wanted: a job waiting
+for ring room is a request in flight, and the asyncio driver turns every 50 ms while there are any.
 
 After the pool closes, a finalizer finds the eventfd gone and posts nothing (the views that are
 still alive keep the ring mapped by themselves). In a forked child (a copy of this object, the
@@ -38,6 +46,7 @@ class Drops:
     def __init__(self) -> None:
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._pid = os.getpid()
+        self.owner = threading.get_ident()  # the pool's thread: the one that last turned its engine
         # Taken by a finalizer's write and by close(): a closed descriptor's number may be reused at
         # once by anything else in the process, which a late write must never reach. Reentrant: a
         # finalizer may run on a thread that holds it already (a collection triggered inside).
@@ -74,6 +83,8 @@ class Drops:
             if self._fd < 0:  # the pool is closed: nothing to give back to
                 return
             self.posted.append(token)
+            if threading.get_ident() == self.owner:  # awake, and it takes what is posted at its next turn
+                return
             with contextlib.suppress(BlockingIOError):  # the counter is at its maximum: readable anyway
                 os.eventfd_write(self._fd, 1)
 
