@@ -2,7 +2,7 @@
 
     .venv-sglang/bin/python tests/sglang_client_check.py DIR
 
-Runs in the SGLang client venv (scripts/setup_sglang_client.sh), never in mmworker's own venv;
+Runs in the SGLang client venv (scripts/setup_sglang.sh), never in mmworker's own venv;
 tests/test_sglang_client.py writes DIR and reads the results. DIR holds `manifest.json` and .npy
 files only (no pickle): the manifest encodes each case's `to_sglang` dict, with every numpy array
 replaced by {"__npy__": relative path} and every tuple by {"__tuple__": [...]}, so the dict is

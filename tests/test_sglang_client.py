@@ -1,6 +1,6 @@
 """mmworker's output through SGLang 0.5.23's own scheduler-side code (a real client, CPU only).
 
-    bash scripts/setup_sglang_client.sh && .venv/bin/python -m pytest tests/test_sglang_client.py
+    bash scripts/setup_sglang.sh && .venv/bin/python -m pytest tests/test_sglang_client.py
 
 A real WorkerPool processes prompts with 1, 2 and 3 photo-like images; each reply's `to_sglang` dict
 is written as .npy files plus a JSON manifest (no pickle) and handed to tests/sglang_client_check.py,
@@ -11,7 +11,7 @@ pattern and computes M-RoPE with `MRotaryEmbedding.get_rope_index`; this test as
 agrees with what the pool handed over.
 
 Skipped unless an interpreter with sglang 0.5.23 is found: $MMWORKER_SGLANG_PYTHON, or
-.venv-sglang/bin/python (built by scripts/setup_sglang_client.sh).
+.venv-sglang/bin/python (built by scripts/setup_sglang.sh).
 """
 
 import json
@@ -48,7 +48,7 @@ def sglang_python():
     """The interpreter with SGLang, checked once per session."""
     python = os.environ.get("MMWORKER_SGLANG_PYTHON") or str(ROOT / ".venv-sglang" / "bin" / "python")
     if not Path(python).exists():
-        pytest.skip(f"no SGLang client interpreter at {python} (bash scripts/setup_sglang_client.sh)")
+        pytest.skip(f"no SGLang client interpreter at {python} (bash scripts/setup_sglang.sh)")
     probe = subprocess.run(
         [python, "-c", f"import sglang; assert sglang.__version__ == {SGLANG_VERSION!r}, sglang.__version__"],
         capture_output=True,

@@ -1,0 +1,208 @@
+"""What the plug-in serves for one model and server, decided once at start, and why it declines the rest.
+
+The decision is conservative, as SGLang's own Rust path decides (`RustMmProcessor.resolve_spec`):
+a setting mmworker does not reproduce bit for bit turns the plug-in off for the model rather than
+being approximated, and the reason is logged once. What it reads:
+
+- the model type (Qwen2-VL, 2.5-VL, 3-VL, 3-VL-MoE, 3.5, 3.5-MoE);
+- the HF image processor SGLang holds: its class picks the resample mode (the torchvision
+  `Qwen2VLImageProcessor`/`...Fast` is `aten_u8`, `Qwen2VLImageProcessorPil` is the installed
+  Pillow's BICUBIC), then patch, merge and temporal sizes, the pixel budget (`size`'s
+  shortest/longest edge or `min_pixels`/`max_pixels`), mean and std, and the stages it runs
+  (resize, rescale by exactly 1/255, normalise, BICUBIC);
+- `--mm-process-config {"image": {...}}`: only `min_pixels`/`max_pixels` overrides are mirrored;
+- SGLang's URL policy (`--allowed-media-domains`, `--media-url-max-file-size-mb`): URLs are
+  served only where mmworker's fetch behaves as SGLang's would, else such requests are delegated.
+
+The pool configuration mirrors SGLang's own media behaviour (private addresses and local files are
+readable, as SGLang reads them); an operator can override any pool setting with a TOML file named by
+`MMWORKER_SGLANG_CONFIG` (keys of `mmworker.pool.config`).
+"""
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmworker.common import pillow
+from mmworker.common.budget import MAX_FETCH_BYTES
+from mmworker.errors import MmError
+from mmworker.pool.config import PoolConfig
+from mmworker.qwen_vl.spec import QwenSpec
+
+SERVED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+# HF image processor class -> the mmworker resample mode equal to it bit for bit.
+RESAMPLE_OF_PROCESSOR = {
+    "Qwen2VLImageProcessor": "aten_u8",
+    "Qwen2VLImageProcessorFast": "aten_u8",
+    "Qwen2VLImageProcessorPil": "pil",
+}
+MIRRORED_IMAGE_OVERRIDES = frozenset({"min_pixels", "max_pixels"})
+CONFIG_ENV = "MMWORKER_SGLANG_CONFIG"
+_BICUBIC = 3  # PIL.Image.Resampling.BICUBIC, as HF stores `resample`
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the plan reads from SGLang's configuration, as plain values (so it needs no SGLang)."""
+
+    model_type: str
+    image_token_id: int | None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
+    video_token_id: int | None = None
+    image_overrides: Mapping[str, Any] = field(default_factory=dict)  # --mm-process-config's "image"
+    processor_workers: int = 0  # --mm-processor-worker-num; 0 = automatic
+    tokenizer_workers: int = 1  # --tokenizer-worker-num
+    allowed_media_domains: tuple[str, ...] = ()
+    media_url_max_file_size_mb: int = MAX_FETCH_BYTES >> 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The outcome: a spec to serve (or None, with the reason) and how the pool is configured."""
+
+    spec: dict[str, Any] | None
+    declined: str | None = None  # why the plug-in serves nothing for this model
+    urls: bool = False  # http(s) sources are fetched by mmworker; else requests with them are delegated
+    urls_declined: str | None = None
+    pool_config: dict[str, Any] = field(default_factory=dict)
+    processor_class: str = ""
+
+    def describe(self) -> str:
+        """One line for the log: what is served, and what goes to SGLang's own path and why."""
+        if self.spec is None:
+            return f"mmworker: serving nothing for this model ({self.declined}); SGLang's own processor runs"
+        spec = self.spec
+        mode = spec["resample"] + (f" (Pillow {spec['pillow']})" if spec.get("pillow") else "")
+        workers = self.pool_config.get("workers", "auto")
+        urls = "and http(s) URLs" if self.urls else f"(http(s) URLs delegated: {self.urls_declined})"
+        return (
+            f"mmworker: serving image-only requests ({self.processor_class} -> {mode}, patch {spec['patch_size']}, "
+            f"pixels {spec['min_pixels']}..{spec['max_pixels']}, workers {workers}) from bytes, data: URLs, "
+            f"base64 and files {urls}; delegating to SGLang's own path: video, audio, preprocessed or "
+            "embedding inputs, PIL images, prompts whose image placeholders SGLang would rewrite, and images "
+            "mmworker does not decode (it names them per request)"
+        )
+
+
+def resolve(image_processor: Any, facts: ServerFacts, environ: Mapping[str, str] = os.environ) -> Plan:
+    """The plan for this model: what to serve and the pool's configuration, or why nothing is served."""
+    name = type(image_processor).__name__
+    try:
+        spec = _spec(image_processor, facts)
+        spec = QwenSpec.from_mapping(spec).to_mapping()  # mmworker's own checks (and the Pillow it reproduces)
+    except _Declined as why:
+        return Plan(spec=None, declined=str(why), processor_class=name)
+    except MmError as exc:
+        return Plan(spec=None, declined=str(exc), processor_class=name)
+    if facts.tokenizer_workers > 1:
+        return Plan(
+            spec=None,
+            declined=f"--tokenizer-worker-num {facts.tokenizer_workers}: each tokenizer process would start a pool "
+            "pinned to the same cores; run one tokenizer process",
+            processor_class=name,
+        )
+    urls, urls_declined = True, None
+    if facts.allowed_media_domains:
+        urls, urls_declined = (
+            False,
+            "--allowed-media-domains is set (SGLang matches hosts exactly, mmworker subdomains too)",
+        )
+    elif facts.media_url_max_file_size_mb != MAX_FETCH_BYTES >> 20:
+        urls, urls_declined = (
+            False,
+            f"--media-url-max-file-size-mb {facts.media_url_max_file_size_mb} differs from mmworker's "
+            f"{MAX_FETCH_BYTES >> 20} MiB per fetch",
+        )
+    return Plan(
+        spec=spec,
+        urls=urls,
+        urls_declined=urls_declined,
+        pool_config=pool_config(facts, environ),
+        processor_class=name,
+    )
+
+
+def pool_config(facts: ServerFacts, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The pool's settings: SGLang's worker count, replies as they finish, SGLang's media behaviour;
+    then the operator's TOML file (MMWORKER_SGLANG_CONFIG), key by key, over them."""
+    config: dict[str, Any] = {
+        "workers": facts.processor_workers or "auto",
+        "ordered": False,  # each request awaits its own reply: a slow one must not hold the others
+        # SGLang fetches from any host (private ones too) and reads any local path; so does the pool here.
+        "media": {"allow_private": True, "allowed_local_roots": ["/"]},
+    }
+    path = environ.get(CONFIG_ENV)
+    if path:
+        try:
+            config.update(tomllib.loads(Path(path).read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise MmError(f"{CONFIG_ENV}={path}: {exc}") from exc
+    try:
+        PoolConfig.from_mapping(config)  # checked now, at start, not when the first request comes
+    except MmError as exc:
+        raise MmError(f"{CONFIG_ENV}={path}: {exc}" if path else str(exc)) from exc
+    return config
+
+
+class _Declined(Exception):
+    """A setting mmworker does not reproduce: the plug-in serves nothing for this model."""
+
+
+def _spec(ip: Any, facts: ServerFacts) -> dict[str, Any]:
+    name = type(ip).__name__
+    if facts.model_type not in SERVED_MODEL_TYPES:
+        raise _Declined(f"model type {facts.model_type!r} is not one of {', '.join(SERVED_MODEL_TYPES)}")
+    resample = RESAMPLE_OF_PROCESSOR.get(name)
+    if resample is None:
+        raise _Declined(f"image processor {name} is not one mmworker reproduces ({', '.join(RESAMPLE_OF_PROCESSOR)})")
+    if resample == "pil" and pillow.IS_PILLOW_SIMD:
+        raise _Declined(
+            f"PIL is {pillow.installed()}, whose BICUBIC {name} would use; mmworker reproduces stock Pillow's"
+        )
+    for stage in ("do_resize", "do_rescale", "do_normalize"):
+        if not getattr(ip, stage, True):
+            raise _Declined(f"{name}.{stage} is off; mmworker always resizes, rescales and normalises")
+    if getattr(ip, "rescale_factor", None) != 1 / 255:
+        raise _Declined(f"{name}.rescale_factor is {getattr(ip, 'rescale_factor', None)!r}, not 1/255")
+    if int(getattr(ip, "resample", _BICUBIC)) != _BICUBIC:
+        raise _Declined(f"{name}.resample is {getattr(ip, 'resample', None)!r}, not BICUBIC")
+    overrides = dict(facts.image_overrides or {})
+    unmirrored = sorted(set(overrides) - MIRRORED_IMAGE_OVERRIDES)
+    if unmirrored:
+        raise _Declined(f"--mm-process-config image keys {unmirrored} are not mirrored (only min_pixels, max_pixels)")
+    if facts.image_token_id is None:
+        raise _Declined("the model config has no image_token_id")
+    size = getattr(ip, "size", None)
+    min_pixels = overrides.get("min_pixels", getattr(ip, "min_pixels", None) or _size_field(size, "shortest_edge"))
+    max_pixels = overrides.get("max_pixels", getattr(ip, "max_pixels", None) or _size_field(size, "longest_edge"))
+    try:
+        spec = {
+            "family": "qwen_vl",
+            "image_token_id": int(facts.image_token_id),
+            "patch_size": int(ip.patch_size),
+            "merge_size": int(ip.merge_size),
+            "temporal_patch_size": int(ip.temporal_patch_size),
+            "min_pixels": int(min_pixels),
+            "max_pixels": int(max_pixels),
+            "image_mean": [float(v) for v in ip.image_mean],
+            "image_std": [float(v) for v in ip.image_std],
+            "resample": resample,
+        }
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise _Declined(f"{name} lacks a setting mmworker needs: {exc}") from exc
+    for key in ("vision_start_token_id", "vision_end_token_id", "video_token_id"):
+        if getattr(facts, key) is not None:
+            spec[key] = int(getattr(facts, key))
+    return spec
+
+
+def _size_field(size: Any, key: str) -> Any:
+    """`size[key]` for a dict or transformers' SizeDict; None if absent."""
+    if size is None:
+        return None
+    value = size.get(key) if isinstance(size, Mapping) else getattr(size, key, None)
+    return value
