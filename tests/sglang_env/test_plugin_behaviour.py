@@ -210,6 +210,27 @@ def test_features_view_the_ring_and_come_back_when_dropped(pair):
     assert pool.stats().shm_held_bytes == 0
 
 
+def test_a_result_larger_than_the_ring_goes_to_sglang(monkeypatch, tmp_path):
+    """Features that cannot fit a worker's ring even empty (UNSUPPORTED at once): SGLang's own path serves them."""
+    config = tmp_path / "pool.toml"
+    config.write_text("ring_mib = 16\n")
+    monkeypatch.setenv("MMWORKER_SGLANG_CONFIG", str(config))
+    args = server_args()
+    builtin = builtin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
+    plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
+    try:
+        image = encoded(1000, 700, "JPEG", 6)  # 72 x 50 patches: 16.9 MB of features, over a 16 MiB ring
+        started = time.monotonic()
+        ours = run(plugin, [image], prompt(1))
+        assert time.monotonic() - started < 20  # no wait for room that cannot come
+        stats = plugin.stats()
+        assert stats["served"] == 0 and stats["delegated"] == 1, stats
+        assert_same(ours, run(builtin, [image], prompt(1)), served=False)
+    finally:
+        plugin.shutdown()
+        builtin.shutdown()
+
+
 def test_features_held_too_long_give_a_clear_error(monkeypatch, tmp_path):
     """Outputs kept past the ring's size: a clear 503 'shared memory full' error, no hang; dropping them heals it."""
     config = tmp_path / "pool.toml"
