@@ -1,9 +1,14 @@
-"""What the process and shared-memory tests check alike: the /dev/shm segments a process created,
-whether a process has ended (exited, or a zombie nobody has reaped yet), its open fds, and making
-a child process one its own children may not read (process_vm_readv)."""
+"""What the process and shared-memory tests check alike: the /dev/shm segments a process created
+(and a fixture that fails a test leaving any), whether a process has ended (exited, or a zombie
+nobody has reaped yet), its open fds, making a child process one its own children may not read
+(process_vm_readv), and waiting for a pool's replies."""
 
 import contextlib
+import gc
 import os
+import time
+
+import pytest
 
 from ipc.segment import PREFIX, SHM_DIR
 
@@ -25,6 +30,23 @@ def segments_of(pid: int | None = None) -> list[str]:
     """Names of the segments `pid` (default: this process) created that still exist."""
     prefix = f"{PREFIX}-{os.getpid() if pid is None else pid}-"
     return sorted(e for e in os.listdir(SHM_DIR) if e.startswith(prefix))
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    """A module that imports this checks after each of its tests that no segment of this process is left."""
+    yield
+    gc.collect()
+    assert segments_of() == []
+
+
+def wait_replies(pool, n: int, timeout: float = 60.0) -> list:
+    """`n` replies from `pool.poll`, or an assertion naming how many came within `timeout`."""
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += pool.poll(0.2)
+    assert len(got) == n, f"{len(got)} of {n} replies"
+    return got
 
 
 def open_fds(pid: int | str = "self") -> dict[str, str]:

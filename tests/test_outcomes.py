@@ -5,7 +5,6 @@ import gc
 import io
 import os
 import signal
-import time
 import zlib
 
 import msgspec
@@ -14,7 +13,7 @@ from conftest import GOLDEN
 from httpserver import MediaServer
 from PIL import Image
 from pngbuild import SIGNATURE, chunk, ihdr
-from processes import segments_of
+from processes import segments_of, wait_replies
 
 from ipc.results import ResultSender
 from ipc.wire import WIRE_VERSION, Done, Failed, TensorDesc, decode, encode
@@ -141,7 +140,7 @@ def test_every_kind_of_pool_rejection(tmp_path):
             # QUEUE_FULL at submit; ABORTED for a queued one and for one finished but not yet taken.
             rids = [pool.submit([P], [jpeg]) for _ in range(5)]
             assert pool.cancel(rids[2])
-            replies = {r.request_id: r for r in wait(pool, 5)}
+            replies = {r.request_id: r for r in wait_replies(pool, 5)}
             assert replies[rids[4]].kind is Outcome.QUEUE_FULL and replies[rids[4]].error.startswith("queue full")
             assert replies[rids[2]].kind is Outcome.ABORTED and replies[rids[2]].error == "aborted"
             assert all(replies[r].kind is Outcome.ACCEPTED for r in (rids[0], rids[1], rids[3]))
@@ -160,7 +159,7 @@ def test_every_kind_of_pool_rejection(tmp_path):
             running = pool.submit([P], [small])
             assert pool._slots[0].rid is not None  # handed to the stopped worker
             os.kill(pid, signal.SIGKILL)
-            [crashed] = wait(pool, 1)
+            [crashed] = wait_replies(pool, 1)
             assert crashed.request_id == running and crashed.kind is Outcome.WORKER_CRASHED
             assert crashed.error.startswith("worker crashed")
     finally:
@@ -197,7 +196,7 @@ def test_a_result_larger_than_the_ring_is_unsupported_and_a_bad_one_internal():
                 sender.send(Done(slot.rid, {"input_ids": outside}, {"offsets": [], "hashes": []}))
             finally:
                 sender.close()
-            [bad] = wait(pool, 1)
+            [bad] = wait_replies(pool, 1)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert bad.request_id == rid and bad.kind is Outcome.INTERNAL and bad.error.startswith("internal error")
@@ -212,17 +211,9 @@ def test_every_rejection_has_a_kind_and_only_acceptances_are_accepted():
     with WorkerPool(SPEC, {"workers": 2, "ring_mib": 64, "queue_depth": 24}) as pool:
         for k in range(32):
             pool.submit([P], [sources[k % 4]])
-        replies = wait(pool, 32)
+        replies = wait_replies(pool, 32)
     kinds = [r.kind for r in replies]
     assert all((r.kind is Outcome.ACCEPTED) == r.ok for r in replies)
     assert {Outcome.ACCEPTED, Outcome.BAD_INPUT, Outcome.UNSUPPORTED, Outcome.QUEUE_FULL} == set(kinds)
     for r in replies:
         r.release()
-
-
-def wait(pool, n, timeout=60.0):
-    got, deadline = [], time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        got += pool.poll(0.2)
-    assert len(got) == n, f"{len(got)} of {n} replies"
-    return got

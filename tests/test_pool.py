@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from httpserver import MediaServer
-from processes import UNTRACEABLE, ended, open_fds, segments_of
+from processes import UNTRACEABLE, ended, no_leaked_segments, open_fds, wait_replies  # noqa: F401 (a fixture)
 
 import mmworker.pool.inputs as pool_inputs
 from ipc.peer_memory import places_of
@@ -40,21 +40,6 @@ def threads_of(pid: int) -> list[str]:
         with open(f"/proc/{pid}/task/{tid}/comm") as f:
             names.append(f.read().strip())
     return names
-
-
-def wait_replies(pool, n, timeout=60.0):
-    got, deadline = [], time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        got += pool.poll(0.5)
-    assert len(got) == n, f"{len(got)} of {n} replies"
-    return got
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_segments():
-    yield
-    gc.collect()
-    assert segments_of() == []
 
 
 @pytest.fixture(scope="module")

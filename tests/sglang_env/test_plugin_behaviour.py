@@ -40,6 +40,14 @@ from mmworker.sglang.requests import Delegated, Served, route
 MODEL = "qwen2_5_vl"
 
 
+def configured(monkeypatch, tmp_path, toml: str):
+    """SGLang's arguments published, with MMWORKER_SGLANG_CONFIG naming a pool.toml of `toml`."""
+    config = tmp_path / "pool.toml"
+    config.write_text(toml)
+    monkeypatch.setenv("MMWORKER_SGLANG_CONFIG", str(config))
+    return server_args()
+
+
 @pytest.fixture(scope="module")
 def pair():
     args = server_args()
@@ -162,10 +170,7 @@ def test_route_reasons(pair):
 
 def test_queue_full_is_a_503(monkeypatch, tmp_path):
     """A full queue raises PoolBusy: an HTTPException with status 503 and a ValueError with status_code 503."""
-    config = tmp_path / "pool.toml"
-    config.write_text("queue_depth = 1\n")
-    monkeypatch.setenv("MMWORKER_SGLANG_CONFIG", str(config))
-    args = server_args()
+    args = configured(monkeypatch, tmp_path, "queue_depth = 1\n")
     plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     try:
         images = [encoded(800, 600, "JPEG", k) for k in range(6)]
@@ -212,10 +217,7 @@ def test_features_view_the_ring_and_come_back_when_dropped(pair):
 
 def test_a_result_larger_than_the_ring_goes_to_sglang(monkeypatch, tmp_path):
     """Features that cannot fit a worker's ring even empty (UNSUPPORTED at once): SGLang's own path serves them."""
-    config = tmp_path / "pool.toml"
-    config.write_text("ring_mib = 16\n")
-    monkeypatch.setenv("MMWORKER_SGLANG_CONFIG", str(config))
-    args = server_args()
+    args = configured(monkeypatch, tmp_path, "ring_mib = 16\n")
     builtin = builtin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     try:
@@ -233,10 +235,7 @@ def test_a_result_larger_than_the_ring_goes_to_sglang(monkeypatch, tmp_path):
 
 def test_features_held_too_long_give_a_clear_error(monkeypatch, tmp_path):
     """Outputs kept past the ring's size: a clear 503 'shared memory full' error, no hang; dropping them heals it."""
-    config = tmp_path / "pool.toml"
-    config.write_text("ring_mib = 16\nmemory_wait_s = 0.5\n")
-    monkeypatch.setenv("MMWORKER_SGLANG_CONFIG", str(config))
-    args = server_args()
+    args = configured(monkeypatch, tmp_path, "ring_mib = 16\nmemory_wait_s = 0.5\n")
     plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     try:
         image = encoded(500, 350, "JPEG", 5)  # 900 patches: 4.2 MB of features each

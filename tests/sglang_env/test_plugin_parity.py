@@ -111,21 +111,19 @@ def assert_same(ours, theirs, *, served: bool = True) -> None:
     assert torch.equal(ours.mrope_position_delta, theirs.mrope_position_delta), "M-RoPE delta differs"
 
 
-def served(plugin, before: int) -> None:
+def same_and_served(builtin, plugin, images: list, text) -> None:
+    """The request through both: equal outputs, and the plug-in's counters say it served it itself."""
+    theirs = run(builtin, images, list(text) if isinstance(text, list) else text)
+    before = plugin.stats()["served"]
+    ours = run(plugin, images, list(text) if isinstance(text, list) else text)
     stats = plugin.stats()
     assert stats["served"] == before + 1, f"the plug-in did not serve the request itself: {stats}"
+    assert_same(ours, theirs)
 
 
 @pytest.mark.parametrize("names", REQUESTS, ids=["+".join(r) for r in REQUESTS])
 def test_bytes(pair, names):
-    builtin, plugin = pair
-    images = [IMAGES[n] for n in names]
-    text = prompt(len(images))
-    theirs = run(builtin, images, text)
-    before = plugin.stats()["served"]
-    ours = run(plugin, images, text)
-    served(plugin, before)
-    assert_same(ours, theirs)
+    same_and_served(*pair, [IMAGES[n] for n in names], prompt(len(names)))
 
 
 def test_every_source_form(pair, tmp_path):
@@ -145,12 +143,7 @@ def test_every_source_form(pair, tmp_path):
             [base64.b64encode(png).decode(), url],
         ]
         for images in forms:
-            text = prompt(len(images))
-            theirs = run(builtin, images, text)
-            before = plugin.stats()["served"]
-            ours = run(plugin, images, text)
-            served(plugin, before)
-            assert_same(ours, theirs)
+            same_and_served(builtin, plugin, images, prompt(len(images)))
     finally:
         server.stop()
 
@@ -159,12 +152,7 @@ def test_pre_tokenized_prompt(pair):
     """A list of ids (the request's input_ids) is used as SGLang uses it."""
     builtin, plugin = pair
     images = [IMAGES["jpeg_640x480"], IMAGES["png_300x301"]]
-    ids = plugin._processor.tokenizer.encode(prompt(2))
-    theirs = run(builtin, images, list(ids))
-    before = plugin.stats()["served"]
-    ours = run(plugin, images, list(ids))
-    served(plugin, before)
-    assert_same(ours, theirs)
+    same_and_served(builtin, plugin, images, plugin._processor.tokenizer.encode(prompt(2)))
 
 
 def test_request_fields_are_sglangs(pair):
