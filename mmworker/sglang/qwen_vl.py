@@ -83,6 +83,8 @@ class PoolFailure(RuntimeError):
 
 
 _BUSY = (Outcome.QUEUE_FULL, Outcome.MEMORY_FULL)
+# stats()'s reason for requests the workers found outside what mmworker reproduces (Outcome.UNSUPPORTED).
+UNREPRODUCED = "input mmworker does not reproduce (image format, sample depth, size)"
 
 
 class MmworkerQwenVLProcessor(QwenVLImageProcessor):
@@ -139,9 +141,9 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         reply = await self._pool.aprocess(decision.prompt, decision.sources)
         if not reply.ok:
             if reply.kind is Outcome.UNSUPPORTED:
-                return await self._delegate(
-                    f"mmworker does not reproduce: {reply.error}", image_data, input_text, request_obj, *args, **kwargs
-                )
+                why = UNREPRODUCED  # a stable key for stats(); the worker's own words go to the log
+                log.debug("mmworker: %s: %s", why, reply.error)
+                return await self._delegate(why, image_data, input_text, request_obj, *args, **kwargs)
             self._rejected[reply.kind.value] += 1
             raise self._error(reply)
         self._served += 1
