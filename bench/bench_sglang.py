@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from yardstick import percentile
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TESTS = ROOT / "tests" / "sglang_env"
@@ -82,14 +84,13 @@ def child(kind: str, stream: str, requests: int, in_flight: int) -> dict:
     latencies, wall, loop_cpu = asyncio.run(closed_loop(requests))
     stats = processor.stats() if hasattr(processor, "stats") else {}
     processor.shutdown()
-    latencies.sort()
     return {
         "kind": kind,
         "stream": stream,
         "requests": requests,
         "images_per_s": requests / wall,
-        "p50_ms": 1e3 * latencies[len(latencies) // 2],
-        "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p50_ms": 1e3 * percentile(latencies, 0.5),
+        "p99_ms": 1e3 * percentile(latencies, 0.99),
         "loop_cpu_ms_per_request": 1e3 * loop_cpu / requests,
         "served": stats.get("served"),
         "delegated": stats.get("delegated"),

@@ -204,5 +204,4 @@ def _size_field(size: Any, key: str) -> Any:
     """`size[key]` for a dict or transformers' SizeDict; None if absent."""
     if size is None:
         return None
-    value = size.get(key) if isinstance(size, Mapping) else getattr(size, key, None)
-    return value
+    return size.get(key) if isinstance(size, Mapping) else getattr(size, key, None)

@@ -15,7 +15,6 @@ this directory through tests/test_sglang_env.py.
 import asyncio
 import dataclasses
 import io
-import os
 from typing import Any
 
 import numpy as np
@@ -155,8 +154,3 @@ def encoded(width: int, height: int, fmt: str, seed: int = 0, **save: Any) -> by
     out = io.BytesIO()
     image.save(out, fmt, **save)
     return out.getvalue()
-
-
-def shm_segments(creator: int) -> set[str]:
-    """mmworker's shared-memory segments that process `creator` made (their names carry its pid)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"mmw-{creator}-")}

@@ -29,8 +29,8 @@ from plugin_env import (
     prompt,
     run,
     server_args,
-    shm_segments,
 )
+from processes import ended, segments_of
 from sglang.srt.utils import ImageData
 from test_plugin_parity import assert_same
 
@@ -286,18 +286,10 @@ def _child(tmp_path, kwargs: dict, construct: dict, mode: str) -> subprocess.Pop
     )  # fmt: skip
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _gone(pids, timeout=10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
+        if all(ended(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
@@ -310,7 +302,7 @@ def test_scheduler_role_starts_nothing(tmp_path):
     assert proc.returncode == 0, err
     info = json.loads(out.strip().splitlines()[-1])
     assert info["workers"] == [] and not info["shm_mapped"], info
-    assert not shm_segments(proc.pid)
+    assert not segments_of(proc.pid)
 
 
 def test_normal_exit_and_sigkill_leave_nothing(tmp_path):
@@ -319,12 +311,12 @@ def test_normal_exit_and_sigkill_leave_nothing(tmp_path):
     assert proc.returncode == 0, err
     workers = json.loads(out.strip().splitlines()[-1])["workers"]
     assert len(workers) >= 2 and _gone(workers), "workers outlived a normal exit"
-    assert not shm_segments(proc.pid), "a shared-memory segment outlived a normal exit"
+    assert not segments_of(proc.pid), "a shared-memory segment outlived a normal exit"
     proc = _child(tmp_path, {}, {}, "wait")
     line = proc.stdout.readline()
     workers = json.loads(line)["workers"]
-    assert all(_alive(p) for p in workers)
+    assert not any(ended(p) for p in workers)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert _gone(workers), "workers outlived a SIGKILL of the serving process"
-    assert not shm_segments(proc.pid), "a shared-memory segment outlived a SIGKILL"
+    assert not segments_of(proc.pid), "a shared-memory segment outlived a SIGKILL"
