@@ -4,10 +4,9 @@ Jobs go to workers through their inboxes (ipc.inbox); what a worker sends back (
 one small header when a job ends: Done or Failed) comes back here. Why not ZeroMQ for this
 direction: a ZeroMQ message crosses two extra threads (the sender's libzmq I/O thread, then the
 receiver's) before the receiving thread wakes, and on a machine whose cores are all busy with
-workers each of those hand-offs waits for the scheduler. Measured on the 2-core dev VM, the
-pool's shape with bare sockets and no pool logic (bench/zmq_floor.py, medians of 5 runs): reply
-overhead p50 / p99 after the work 0.58 / 3.9 ms through ZeroMQ, 0.35 / 0.76 ms through this pair,
-and client CPU per request 0.56 -> 0.43 ms.
+workers each of those hand-offs waits for the scheduler. In the pool's shape with bare sockets and
+no pool logic (bench/zmq_floor.py), this pair cut both the reply overhead after the work, its tail
+most, and the client's CPU per request (bench/HISTORY.md has the runs).
 
 One pair per client. The client keeps both ends: it reads from one (`ResultsChannel`) and every
 worker it starts inherits the other (`ResultSender`). A SOCK_SEQPACKET send is one record,

@@ -9,13 +9,12 @@ them after such a decode (fancy upsampling: the triangle filter of jdsample.c's
 h2v2_fancy_upsample; then jdcolor.c's ycc_rgb_convert), band by band as the consumer takes rows.
 
 The planes need memory, and memory fresh from the kernel costs a page fault per page the decoder
-touches: with planes of their own the whole 12 MP preprocess was 4% slower than with Pillow's
-stream, 5% faster with planes kept from call to call, which would stay resident beyond the memory
-bound. So the planes go where the consumer writes its output anyway (`LentMemory`: Qwen's
-pixel_values, a shared-memory slot in a worker): at the end of it, one group of two Y rows, a Cb
-row and a Cr row after another, so that the planes are read front to back at the pace the output
-is written front to back. There the 12 MP preprocess takes 0.90-0.98 of the time it takes with
-Pillow's stream (per-pair medians of six runs of 20 alternated pairs; 0.937 their median). Before
+touches: with planes of their own the whole 12 MP preprocess was slower than with Pillow's stream,
+and planes kept from call to call would stay resident beyond the memory bound. So the planes go
+where the consumer writes its output anyway (`LentMemory`: Qwen's pixel_values, a shared-memory
+slot in a worker): at the end of it, one group of two Y rows, a Cb row and a Cr row after another,
+so that the planes are read front to back at the pace the output is written front to back. There
+the 12 MP preprocess is faster than with Pillow's stream (bench/HISTORY.md has the runs). Before
 anything is decoded the layout is checked against what the consumer says it will have written
 after each band (`LentMemory.written`): no plane byte is overwritten before its last read, or the
 planes are not used and Pillow streams the file as before.

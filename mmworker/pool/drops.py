@@ -21,8 +21,8 @@ wakes). The pool takes the tokens on its own thread at its next turn and release
       -> posted.append(r)                ...   next turn (a submit, a result, a tick, stats) -> take()
 
 On the pool's own thread a wake-up would buy nothing and cost the most: that thread is awake, and
-a sleep and a wake-up of an event loop cost it 40-60 us of CPU on a VM, a drop per request as much
-as the request's own result. Its next turn comes soon wherever the memory is wanted: a job waiting
+an event loop's extra sleep and wake-up per drop would cost it, per request, as much as the
+wake-up for the request's own result. Its next turn comes soon wherever the memory is wanted: a job waiting
 for ring room is a request in flight, and the asyncio driver turns every 50 ms while there are any.
 
 After the pool closes, a finalizer finds the eventfd gone and posts nothing (the views that are
