@@ -19,7 +19,7 @@ into expanded ids and inclusive offsets with every coverage check the crate make
 produce an inconsistent request.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -129,9 +129,41 @@ Positions = Rope1D | MRope
 
 
 class Family(Protocol):
-    """What a model family provides; see the module docstring."""
+    """What a model family provides; see the module docstring.
+
+    Beside the four steps, everything the layers above need to know of a family without knowing
+    which one it is: the pool's warm-up, the load test's prompts, the CLI's description and the
+    hand-off to SGLang all go through these members, never through a family's spec.
+    """
 
     name: str
+    # SGLang's Modality name for this family's items ("IMAGE"): `MultimodalDataItem.modality`.
+    modality: str
+
+    def describe(self) -> str:
+        """One line for people: the family and what it reproduces (checkpoint settings, resize)."""
+        ...
+
+    def image_prompt(self) -> tuple[int, ...]:
+        """The prompt tokens that stand for one image before expansion, in order: exactly one of
+        them is the placeholder `layout` expands (Qwen: vision start, image pad, vision end)."""
+        ...
+
+    def token_ids(self) -> dict[str, int]:
+        """The special token ids SGLang's processor output carries, under SGLang's names
+        (`im_token_id`, `im_start_id`, `im_end_id`, `video_token_id`), those this spec knows: the
+        scheduler finds and pads an item's tokens only by these."""
+        ...
+
+    def warm_up_images(self) -> tuple[tuple[int, int, str], ...]:
+        """(width, height, format) of synthetic images whose processing loads every kernel this
+        family's requests touch: a pool worker runs one request of them before its first job."""
+        ...
+
+    def model_data(self, aux: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """An item's SGLang `model_specific_data` from its aux tensors (views in, views out:
+        nothing is copied)."""
+        ...
 
     def capabilities(self) -> Capabilities: ...
 

@@ -12,7 +12,7 @@ An image is resized in one of three ways, each giving the bytes of its HF proces
   vertical pass, then its horizontal pass, then the patchify with the identity vertical pass.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +43,7 @@ class QwenVL:
     """smart_resize -> bicubic resize -> normalise -> patchify; placeholder layout; image M-RoPE."""
 
     name = "qwen_vl"
+    modality = "IMAGE"
 
     def __init__(self, spec: QwenSpec) -> None:
         self.spec = spec
@@ -50,6 +51,32 @@ class QwenVL:
 
     def __repr__(self) -> str:
         return f"QwenVL({self.spec})"
+
+    def describe(self) -> str:
+        spec = self.spec
+        resize = {"aten_u8": "torchvision's uint8 BICUBIC (Qwen2VLImageProcessor)",
+                  "pil": f"stock Pillow {spec.pillow}'s BICUBIC (Qwen2VLImageProcessorPil)"}[spec.resample]  # fmt: skip
+        return (f"qwen_vl: patch {spec.patch_size}, merge {spec.merge_size}, "
+                f"{spec.min_pixels}..{spec.max_pixels} pixels, resize {resize}")  # fmt: skip
+
+    def image_prompt(self) -> tuple[int, ...]:
+        spec = self.spec
+        wrappers = (spec.vision_start_token_id, spec.image_token_id, spec.vision_end_token_id)
+        return tuple(token for token in wrappers if token is not None)
+
+    def token_ids(self) -> dict[str, int]:
+        spec = self.spec
+        named = {"im_token_id": spec.image_token_id, "im_start_id": spec.vision_start_token_id,
+                 "im_end_id": spec.vision_end_token_id, "video_token_id": spec.video_token_id}  # fmt: skip
+        return {key: token for key, token in named.items() if token is not None}
+
+    def warm_up_images(self) -> tuple[tuple[int, int, str], ...]:
+        # A PNG, and a JPEG whose width narrows under every bundled spec: 1124 is 4 past a
+        # multiple of 28 and of 32, the case mmworker.common.aten_horizontal's narrowing kernel takes.
+        return (64, 48, "PNG"), (1124, 224, "JPEG")
+
+    def model_data(self, aux: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"image_grid_thw": aux["image_grid_thw"].reshape(1, 3)}
 
     def capabilities(self) -> Capabilities:
         return Capabilities()
