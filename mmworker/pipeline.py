@@ -19,9 +19,10 @@ into expanded ids and inclusive offsets with every coverage check the crate make
 produce an inconsistent request.
 """
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -174,6 +175,24 @@ class Family(Protocol):
     def positions(
         self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Geometry]
     ) -> Positions: ...
+
+
+def spec_mapping(spec: Mapping[str, Any] | str, named: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`spec` as a new dict: a name in `named` (bundled checkpoint specs), a JSON object's text, or a
+    mapping. The one parser of spec arguments: the registry passes every family's bundled specs, a
+    family's own functions its own."""
+    if isinstance(spec, str):
+        if spec in named:
+            return json.loads(json.dumps(named[spec]))  # a deep copy the caller may change
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            if spec.strip().isidentifier():  # meant as a name, not as JSON
+                raise MmError(f"unknown named spec {spec.strip()!r}; known: {', '.join(named)}") from None
+            raise MmError(f"mm spec: not a spec name or a JSON object: {exc}") from exc
+    if not isinstance(spec, Mapping):
+        raise MmError(f"mm spec: expected a JSON object, got {type(spec).__name__}")
+    return dict(spec)
 
 
 def _range_text(r: range) -> str:

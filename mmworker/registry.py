@@ -1,69 +1,66 @@
-"""Which family serves a spec (`pipeline_from_spec`), and the bundled specs of released Qwen checkpoints."""
+"""Which family serves a spec: family names, where each family's class lives, every family's bundled specs.
 
-import json
+A family is one module and one line here: its name and the import path of a class with
+`from_spec(mapping)` that meets the `Family` protocol (mmworker.pipeline). A spec names its family by
+that name (`"family": "qwen_vl"`), or by an import path ("package.module:Class") for a family that
+lives outside mmworker. Pool workers are fresh interpreters that see only what is on disk, so the
+pool hands them the spec with its family resolved to the import path (`worker_spec`): a family
+registered in the client process at run time reaches its workers too.
+"""
+
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from mmworker.errors import MmError
+from mmworker.inkling import NAMED_SPECS as INKLING_SPECS
 from mmworker.pipeline import Family
-from mmworker.qwen_vl import QwenSpec, QwenVL
+from mmworker.pipeline import spec_mapping as parse_spec
+from mmworker.qwen_vl import NAMED_SPECS as QWEN_SPECS
 
-_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-_HALF = [0.5, 0.5, 0.5]
-
-# preprocessor_config.json of the released checkpoints (Qwen/Qwen2-VL-7B-Instruct,
-# Qwen/Qwen2.5-VL-7B-Instruct, Qwen/Qwen3-VL-8B-Instruct, Qwen/Qwen3.5-*), image_token_id from
-# their tokenizers (<|image_pad|>). `resample` is left at the default (the torchvision processor,
-# which SGLang uses unless --disable-fast-image-processor).
-_QWEN2_TOKENS = {"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
-                 "video_token_id": 151656}  # fmt: skip
-_QWEN3_5_TOKENS = {"image_token_id": 248056, "vision_start_token_id": 248053, "vision_end_token_id": 248054,
-                   "video_token_id": 248057}  # fmt: skip
-
-
-def _qwen_vl(tokens: dict, patch_size: int, min_pixels: int, max_pixels: int, mean: list, std: list) -> dict:
-    return {"family": "qwen_vl", **tokens, "patch_size": patch_size, "merge_size": 2, "temporal_patch_size": 2,
-            "min_pixels": min_pixels, "max_pixels": max_pixels, "image_mean": mean, "image_std": std}  # fmt: skip
-
-
-NAMED_SPECS: dict[str, dict[str, Any]] = {
-    "qwen2_vl": _qwen_vl(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),
-    "qwen2_5_vl": _qwen_vl(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),  # the same as Qwen2-VL's
-    "qwen3_vl": _qwen_vl(_QWEN2_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
-    "qwen3_5": _qwen_vl(_QWEN3_5_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
+FAMILIES: dict[str, str] = {
+    "qwen_vl": "mmworker.qwen_vl:QwenVL",
+    "inkling": "mmworker.inkling:Inkling",
 }
 
-_FAMILIES = {"qwen_vl": lambda spec: QwenVL(QwenSpec.from_mapping(spec))}
+NAMED_SPECS: dict[str, dict[str, Any]] = {**QWEN_SPECS, **INKLING_SPECS}
 
 
 def named_spec(name: str) -> dict[str, Any]:
-    """A copy of a bundled spec, by checkpoint family name (see NAMED_SPECS)."""
+    """A copy of a bundled spec, by checkpoint name (see NAMED_SPECS)."""
     if name not in NAMED_SPECS:
         raise MmError(f"unknown named spec {name!r}; known: {', '.join(NAMED_SPECS)}")
-    return json.loads(json.dumps(NAMED_SPECS[name]))
+    return parse_spec(name, NAMED_SPECS)
 
 
 def spec_mapping(spec: Mapping[str, Any] | str) -> dict[str, Any]:
-    """`spec` as a new dict: a bundled name ("qwen2_vl", ...), a JSON object string, or a mapping."""
-    if isinstance(spec, str):
-        if spec in NAMED_SPECS:
-            return named_spec(spec)
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            if spec.strip().isidentifier():  # meant as a name, not as JSON
-                named_spec(spec)  # raises "unknown named spec"
-            raise MmError(f"mm spec: {exc}") from exc
-    if not isinstance(spec, Mapping):
-        raise MmError(f"mm spec: expected a JSON object, got {type(spec).__name__}")
-    return dict(spec)
+    """`spec` as a new dict: a bundled name ("qwen2_vl", ...), a JSON object's text, or a mapping."""
+    return parse_spec(spec, NAMED_SPECS)
+
+
+def family_path(spec: Mapping[str, Any]) -> str:
+    """The import path ("module:Class") of the family a spec names."""
+    family = spec.get("family")
+    if isinstance(family, str) and family in FAMILIES:
+        return FAMILIES[family]
+    if isinstance(family, str) and ":" in family:  # a family outside mmworker, by import path
+        return family
+    raise MmError(f"unknown mm family: {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def worker_spec(spec: Mapping[str, Any] | str) -> dict[str, Any]:
+    """`spec` for a fresh process: a new dict whose family is the import path of its class."""
+    spec = spec_mapping(spec)
+    return {**spec, "family": family_path(spec)}
 
 
 def pipeline_from_spec(spec: Mapping[str, Any] | str) -> Family:
-    """The family for `spec`: a mapping, a JSON object string, or a bundled name such as "qwen2_vl"."""
+    """The family for `spec`: a mapping, a JSON object's text, or a bundled name such as "qwen2_vl"."""
     spec = spec_mapping(spec)
-    family = spec.get("family")
-    if family not in _FAMILIES:
-        raise MmError(f"unknown mm family: {family}")
-    return _FAMILIES[family](spec)
+    path = family_path(spec)
+    module_name, _, class_name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise MmError(f"mm family {spec.get('family')!r}: cannot load {path}: {exc}") from exc
+    return cls.from_spec(spec)

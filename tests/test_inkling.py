@@ -9,9 +9,6 @@ from PIL import Image
 from mmworker import MmError
 from mmworker.common.hashing import content_hash
 from mmworker.inkling import (
-    MEAN,
-    PAD_RAW,
-    STD,
     bf16_bits,
     decode_patchify,
     decode_patchify_batch,
@@ -20,6 +17,7 @@ from mmworker.inkling import (
     preprocess_images,
     rescale_patchify_hash,
 )
+from mmworker.inkling.patches import MEAN, PAD_RAW, STD
 
 
 def reference_bits(arr, ps):

@@ -20,11 +20,12 @@ from mmworker.common.pillow import pil_mode_default
 from mmworker.common.pixels import RgbImage, rgbx_copy
 from mmworker.common.resize import vertical_coefficients
 from mmworker.corpus import encode, photo_like
+from mmworker.qwen_vl import NAMED_SPECS as QWEN_SPECS
 from mmworker.qwen_vl import QwenSpec, QwenVL, as_spec, mrope_image_only, preprocess, smart_resize
 from mmworker.qwen_vl import family as family_module
 from mmworker.qwen_vl import spec as spec_module
 from mmworker.qwen_vl.patchify import normalisation, patchify_into
-from mmworker.registry import NAMED_SPECS, named_spec, pipeline_from_spec
+from mmworker.registry import named_spec, pipeline_from_spec
 
 TINY = {"family": "qwen_vl", "image_token_id": 1, "patch_size": 2, "merge_size": 2, "temporal_patch_size": 2,
         "min_pixels": 4, "max_pixels": 2**30, "image_mean": [0, 0, 0], "image_std": [1, 1, 1]}  # fmt: skip
@@ -92,7 +93,7 @@ def test_smart_resize_parity_with_rust_extension(rust_ext):
 
 
 def test_named_specs_parse():
-    for name in NAMED_SPECS:
+    for name in QWEN_SPECS:
         family = pipeline_from_spec(name)
         assert family.capabilities().video is False and family.capabilities().audio is False
         assert family.spec == QwenSpec.from_mapping(named_spec(name))
@@ -120,8 +121,12 @@ def test_spec_missing_field_and_registry_errors():
     del spec["image_std"]
     with pytest.raises(MmError, match=r"^qwen_vl spec: missing field `image_std`$"):
         pipeline_from_spec(spec)
-    with pytest.raises(MmError, match=r"^unknown mm family: intern_vl$"):
+    with pytest.raises(MmError, match=r"^unknown mm family: 'intern_vl'; known: qwen_vl, inkling$"):
         pipeline_from_spec({**TINY, "family": "intern_vl"})
+    with pytest.raises(MmError, match=r"^mm family 'no_such_module:Family': cannot load no_such_module:Family: "):
+        pipeline_from_spec({**TINY, "family": "no_such_module:Family"})
+    with pytest.raises(MmError, match=r"^unknown named spec 'qwen9_vl'; known: qwen2_vl, "):
+        pipeline_from_spec("qwen9_vl")
     with pytest.raises(MmError, match=r"^mm spec: "):
         pipeline_from_spec("{not json")
     with pytest.raises(MmError, match=r"^mm spec: expected a JSON object"):

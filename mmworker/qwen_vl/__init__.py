@@ -6,38 +6,32 @@
 | `smart_resize(h, w, factor, min_pixels, max_pixels)` | target (h', w') |
 | `mrope_image_only(input_len, items, merge_size)` | M-RoPE positions int64 [3, L] and delta |
 
-`spec` is a mapping or JSON string with the keys of behaviour.md §7.1 (or a `QwenSpec`);
-`resample` picks the Hugging Face processor reproduced bit for bit: "aten_u8" (default,
-Qwen2VLImageProcessor with torchvision) or "pil" (Qwen2VLImageProcessorPil).
+`spec` is a bundled name ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"), a mapping or JSON
+object text with the keys of docs/behaviour.md §7.1, or a `QwenSpec`; `resample` picks the
+Hugging Face processor reproduced bit for bit: "aten_u8" (default, Qwen2VLImageProcessor with
+torchvision) or "pil" (Qwen2VLImageProcessorPil).
 """
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from mmworker.common.decode import with_image
-from mmworker.errors import MmError
+from mmworker.pipeline import spec_mapping
 from mmworker.qwen_vl.family import QwenVL
 from mmworker.qwen_vl.mrope import mrope_image_only
 from mmworker.qwen_vl.sizing import smart_resize
-from mmworker.qwen_vl.spec import QwenSpec
+from mmworker.qwen_vl.spec import NAMED_SPECS, QwenSpec
 
-__all__ = ["QwenSpec", "QwenVL", "mrope_image_only", "preprocess", "smart_resize"]
+__all__ = ["NAMED_SPECS", "QwenSpec", "QwenVL", "as_spec", "mrope_image_only", "preprocess", "smart_resize"]
 
 
 def as_spec(spec: QwenSpec | Mapping[str, Any] | str) -> QwenSpec:
+    """A QwenSpec from a QwenSpec, a bundled name ("qwen2_vl", ...), a JSON object's text or a mapping."""
     if isinstance(spec, QwenSpec):
         return spec
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            raise MmError(f"qwen_vl spec: {exc}") from exc
-        if not isinstance(spec, dict):
-            raise MmError("qwen_vl spec: expected a JSON object")
-    return QwenSpec.from_mapping(spec)
+    return QwenSpec.from_mapping(spec_mapping(spec, NAMED_SPECS))
 
 
 def preprocess(data: bytes | memoryview, spec: QwenSpec | Mapping[str, Any] | str) -> tuple[np.ndarray, tuple]:

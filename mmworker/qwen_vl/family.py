@@ -13,6 +13,7 @@ An image is resized in one of three ways, each giving the bytes of its HF proces
 """
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,10 @@ class QwenVL:
     def __init__(self, spec: QwenSpec) -> None:
         self.spec = spec
         self._norm = normalisation(spec.image_mean, spec.image_std, spec.resample)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> "QwenVL":
+        return cls(QwenSpec.from_mapping(spec))
 
     def __repr__(self) -> str:
         return f"QwenVL({self.spec})"

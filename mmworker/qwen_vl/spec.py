@@ -23,6 +23,32 @@ from mmworker.errors import MmError
 # (torchvision on uint8; the default), "pil" = Qwen2VLImageProcessorPil.
 RESAMPLE_MODES = ("aten_u8", "pil")
 
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+_HALF = [0.5, 0.5, 0.5]
+
+# preprocessor_config.json of the released checkpoints (Qwen/Qwen2-VL-7B-Instruct,
+# Qwen/Qwen2.5-VL-7B-Instruct, Qwen/Qwen3-VL-8B-Instruct, Qwen/Qwen3.5-*), image_token_id from
+# their tokenizers (<|image_pad|>). `resample` is left at the default (the torchvision processor,
+# which SGLang uses unless --disable-fast-image-processor).
+_QWEN2_TOKENS = {"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+                 "video_token_id": 151656}  # fmt: skip
+_QWEN3_5_TOKENS = {"image_token_id": 248056, "vision_start_token_id": 248053, "vision_end_token_id": 248054,
+                   "video_token_id": 248057}  # fmt: skip
+
+
+def _checkpoint(tokens: dict, patch_size: int, min_pixels: int, max_pixels: int, mean: list, std: list) -> dict:
+    return {"family": "qwen_vl", **tokens, "patch_size": patch_size, "merge_size": 2, "temporal_patch_size": 2,
+            "min_pixels": min_pixels, "max_pixels": max_pixels, "image_mean": mean, "image_std": std}  # fmt: skip
+
+
+NAMED_SPECS: dict[str, dict[str, Any]] = {
+    "qwen2_vl": _checkpoint(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),
+    "qwen2_5_vl": _checkpoint(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),  # the same as Qwen2-VL's
+    "qwen3_vl": _checkpoint(_QWEN2_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
+    "qwen3_5": _checkpoint(_QWEN3_5_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
+}
+
 
 @dataclass(frozen=True)
 class QwenSpec:
