@@ -26,7 +26,7 @@ from yardstick import percentile
 from ipc.channels import Dealer, Router, RuntimeDir, new_context
 from ipc.ring import RingReader, RingWriter
 from ipc.segment import Segment, new_name
-from ipc.wire import WIRE_VERSION, Done, Hello, Job, Release, Stop, TensorDesc
+from ipc.wire import WIRE_VERSION, Done, Hello, Job, Release, TensorDesc
 
 FEATURE_SHAPE = (4784, 1176)  # 1280x720 -> 1288x728, qwen2_vl
 FEATURE_BYTES = FEATURE_SHAPE[0] * FEATURE_SHAPE[1] * 4
@@ -58,10 +58,8 @@ def peer(mode: str, endpoint: str, ring_name: str) -> None:
     ring = RingWriter(segment, 0)
     dealer = Dealer(ctx, endpoint, b"w0")
     dealer.send(Hello(WIRE_VERSION, 0, os.getpid(), 0, ring_name, segment.size))
-    while True:
+    while True:  # until SIGTERM, as the pool ends its children
         message, _ = dealer.recv(-1)
-        if isinstance(message, Stop):
-            return
         if isinstance(message, Release):
             for offset, seq in message.allocations:
                 ring.release(offset, seq)
@@ -121,7 +119,7 @@ def main() -> int:
         router.poll(-1)
         router.recv()
         rtt.append(time.perf_counter() - t0)
-    router.send(peer_id, Stop())
+    proc.terminate()
     proc.wait(10)
     router.close()
     results["ipc ring view"] = handoff

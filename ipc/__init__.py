@@ -5,7 +5,7 @@
 | `segment` | POSIX shared-memory segments: create (0600, fallocate), attach or map an inherited fd, unlink, sweep |
 | `ring` | `RingWriter` (a writer's allocator over its own segment), `RingReader` (checked zero-copy views) |
 | `wire` | versioned msgspec messages and their checked decoding; never pickle |
-| `channels` | private ipc:// endpoints, the load-balancing client `Router`, worker `Dealer`s |
+| `channels` | ZeroMQ on private ipc:// endpoints: the client's `Router`, its peers' `Dealer`s (the I/O process) |
 | `records` | wire messages as SOCK_SEQPACKET records: size limit, adopting an inherited end, receiving |
 | `inbox` | a worker's inbox: what its client sends it, on a SOCK_SEQPACKET pair of its own (with a descriptor) |
 | `results` | workers' answers to their client on one shared SOCK_SEQPACKET pair, past libzmq's threads |

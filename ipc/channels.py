@@ -1,23 +1,23 @@
-"""ZeroMQ channels for a client and its workers: endpoints in a private directory, a load-balancing ROUTER, DEALERs.
+"""ZeroMQ channels between a client and its peers: endpoints in a private directory, the client's ROUTER, DEALERs.
 
-Topology (one client, N workers; W_k connect, the client binds):
+Topology (one client, N peers; the peers connect, the client binds):
 
-    client: Router (ROUTER, bound) <------ DEALER (identity w<k>) : worker k
-              | idle: workers that announced readiness and hold no job
-              '- dispatch(job) -> the longest-idle worker, or None when all are busy
+    client: Router (ROUTER, bound) <------ Dealer (DEALER, identity) : peer
 
-A worker gets a job only when it is idle (it announced readiness, or answered its last job), never
-queued blindly behind another worker's slow job. Control messages (Release, Cancel, Stop) go to a
-specific worker and are not dispatches. Every received header is decoded by `ipc.wire.decode`; a
-malformed or hostile message is logged and dropped, never raised into the receive loop.
-(mmworker's pool talks to its I/O process this way; its CPU workers get their jobs through
-ipc.inbox instead, which costs the client a fraction of the CPU per job: see there.)
+The client sends to a peer by its identity; a peer that is not connected is an error
+(ChannelClosed), never a silent drop. Messages from the client carry a header only; a Dealer's
+may carry payload frames after it (ipc.wire). Every received header is decoded by
+`ipc.wire.decode`; a malformed or hostile message is logged and dropped, never raised into the
+receive loop. (mmworker's pool talks to its I/O process this way, whose replies carry the fetched
+bytes as payload frames. Its CPU workers get jobs through ipc.inbox and answer through
+ipc.results instead: a ZeroMQ context starts an I/O thread in every process that has one, and
+each message crosses it; plain socket pairs leave a worker one thread and cost the client less
+CPU per job. docs/architecture.md has the reasoning.)
 
-Endpoints are ipc:// sockets inside a fresh 0700 directory (nobody else can connect); tcp:// is
-accepted for remote peers only with CURVE keys (encrypted, and only peers that know the server's
-public key can connect; without keys a tcp:// endpoint is refused). All sockets close with linger
-0, so `close()` never hangs on unsent data.
-libzmq runs its own I/O and reaper threads in every process that uses it; they move bytes only.
+Endpoints are ipc:// sockets inside a fresh 0700 directory, so nobody else can connect; nothing
+connects from another host, so no other transport is accepted. All sockets close with linger 0,
+so `close()` never hangs on unsent data. libzmq runs its own I/O and reaper threads in every
+process that uses it; they move bytes only.
 """
 
 import logging
@@ -25,9 +25,6 @@ import os
 import shutil
 import stat
 import tempfile
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 from zmq.backend import Socket as _CompiledSocket
@@ -117,46 +114,21 @@ def _configure(sock: zmq.Socket) -> zmq.Socket:
     return sock
 
 
-@dataclass(frozen=True)
-class CurveKeys:
-    """A CURVE key pair (Z85 bytes); a connecting side also names the server's public key."""
-
-    public: bytes
-    secret: bytes
-    server_public: bytes | None = None
-
-    @classmethod
-    def generate(cls, server_public: bytes | None = None) -> "CurveKeys":
-        public, secret = zmq.curve_keypair()
-        return cls(public, secret, server_public)
-
-
-def _secure(sock: zmq.Socket, endpoint: str, keys: CurveKeys | None, *, server: bool) -> None:
-    if keys is None:
-        if endpoint.startswith("tcp://"):
-            raise IpcError(f"{endpoint}: tcp:// endpoints need CURVE keys (ipc:// ones are private by directory mode)")
-        return
-    if not zmq.has("curve"):
-        raise IpcError("this libzmq has no CURVE support")
-    sock.curve_publickey, sock.curve_secretkey = keys.public, keys.secret
-    if server:
-        sock.curve_server = True
-    else:
-        if keys.server_public is None:
-            raise IpcError(f"{endpoint}: a CURVE client needs the server's public key")
-        sock.curve_serverkey = keys.server_public
+def _private(endpoint: str) -> str:
+    """`endpoint` if it is an ipc:// one (private by its directory's mode); IpcError for anything else."""
+    if not endpoint.startswith("ipc://"):
+        raise IpcError(f"{endpoint}: only ipc:// endpoints are supported (a RuntimeDir's, private by its mode)")
+    return endpoint
 
 
 class Router:
-    """The client side: one bound ROUTER, the idle set, and checked receives."""
+    """The client side: one bound ROUTER, sends to a peer by identity, and checked receives."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, curve: CurveKeys | None = None) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str) -> None:
+        self.endpoint = _private(endpoint)  # checked before a socket exists: a refusal leaves none open
         self.sock = _configure(context.socket(zmq.ROUTER))
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, never drops
-        _secure(self.sock, endpoint, curve, server=True)
         self.sock.bind(endpoint)
-        self.endpoint = endpoint
-        self._idle: OrderedDict[bytes, None] = OrderedDict()
         self.rejected = 0  # malformed messages dropped
         self._poll_items = [(self.sock, _POLLIN)]  # built once: a wait happens per loop turn
         # True once `recv` found nothing and nothing touched the socket since: only then does its
@@ -169,47 +141,17 @@ class Router:
         """The socket's edge-triggered notification fd: readable means "call recv until None"."""
         return self.sock.getsockopt(zmq.FD)
 
-    def send(self, peer: bytes, message: Message, payload: tuple = ()) -> None:
+    def send(self, peer: bytes, message: Message) -> None:
+        """Send `message` (a header, no payload frames) to `peer`; ChannelClosed if it is not connected."""
         sock = self.sock
         self.settled = False
         try:
             _send(sock, peer, _SNDMORE)
-            if not payload:
-                _send(sock, encode(message), 0)
-                return
-            _send(sock, encode(message), _SNDMORE)
-            last = len(payload) - 1
-            for i, frame in enumerate(payload):
-                _send(sock, frame, 0 if i == last else _SNDMORE, False)  # copied below copy_threshold
+            _send(sock, encode(message), 0)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise ChannelClosed(f"peer {peer!r} is not connected") from exc
             raise
-
-    def mark_idle(self, peer: bytes) -> None:
-        self._idle[peer] = None
-
-    def forget(self, peer: bytes) -> None:
-        self._idle.pop(peer, None)
-
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
-
-    def dispatch(self, message: Message | Callable[[bytes], Message], payload: tuple = ()) -> bytes | None:
-        """Send to the longest-idle worker and mark it busy; None if no worker is idle.
-
-        `message` may be a function of the chosen peer, for a message that carries something of
-        that peer's (e.g. its piggybacked releases).
-        """
-        while self._idle:
-            peer, _ = self._idle.popitem(last=False)
-            try:
-                self.send(peer, message(peer) if callable(message) else message, payload)
-            except ChannelClosed:
-                continue  # it died after announcing readiness; the pool notices through its process
-            return peer
-        return None
 
     def watch(self, fd: int) -> None:
         """Make `poll` return also when `fd` (another channel, e.g. ipc.results) becomes readable."""
@@ -253,16 +195,17 @@ class Router:
 
 
 class Dealer:
-    """A worker's side: one DEALER with a fixed identity, connected to the client's Router."""
+    """A peer's side: one DEALER with a fixed identity, connected to the client's Router."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, identity: bytes) -> None:
+        _private(endpoint)  # checked before a socket exists: a refusal leaves none open
         self.sock = _configure(context.socket(zmq.DEALER))
         self.sock.setsockopt(zmq.IDENTITY, identity)
-        _secure(self.sock, endpoint, curve, server=False)
         self.sock.connect(endpoint)
         self.rejected = 0
 
     def send(self, message: Message, payload: tuple = ()) -> None:
+        """Send `message` and its payload frames (copied below ZERO_COPY_THRESHOLD, else zero-copy)."""
         self.sock.send_multipart([encode(message), *payload], copy=False)
 
     def recv(self, timeout_ms: int) -> tuple[Message, list] | None:

@@ -1,16 +1,17 @@
 """A worker's inbox: one AF_UNIX SOCK_SEQPACKET pair per worker for what its client sends it, past libzmq.
 
-The client keeps one end (`Inbox`), the worker inherits the other (`InboxReader`). A record is one
-wire header (ipc.wire.encode; never payload frames) and, with a Job, optionally one descriptor
-(SCM_RIGHTS) of memory that holds the job's inputs when the client's request ring had no room
-(never with a Job whose inputs the worker reads in place from the client's memory).
+The client keeps one end (`Inbox`), the worker inherits the other (`InboxReader`). What travels
+here: Jobs, and Releases of the worker's ring allocations (ipc.ring). A record is one wire header
+(ipc.wire.encode; never payload frames) and, with a Job, optionally one descriptor (SCM_RIGHTS) of
+memory that holds the job's inputs when the client's request ring had no room (never with a Job
+whose inputs the worker reads in place from the client's memory).
 
-Why not ZeroMQ for this direction: a ZeroMQ send wakes the sender's libzmq I/O thread, which then
-writes the socket; on the 2-core dev VM that thread alone cost the client 0.041 ms of CPU per job
-and the whole hand-off 0.09 ms (bare sockets in the pool's shape, 70% load, 3 runs: client CPU
-0.214-0.220 ms per request with ZeroMQ jobs, 0.128-0.132 ms with this pair; overhead p99 1.0-1.6
-vs 0.25 ms). Here the client's own thread makes one sendmsg(2) and the worker needs no libzmq
-threads at all.
+Why not ZeroMQ for this direction: a ZeroMQ context starts an I/O thread in every process that has
+one, and a ZeroMQ send only hands the message to it; that thread then wakes up and writes the
+socket, so each job costs the client a second thread's wake-up, and a worker would carry a libzmq
+thread beside its compute thread. Here the client's own thread makes one sendmsg(2) and the worker
+needs no libzmq threads at all. (bench/zmq_floor.py measures the difference; bench/HISTORY.md has
+the runs. ZeroMQ still carries the client's traffic with its I/O process: ipc.channels.)
 
 The client's end never blocks: a full queue (the worker is not reading) makes `send` return False
 and the caller keeps the message for later. A worker that is gone makes it raise ChannelClosed.

@@ -4,8 +4,8 @@ The owner of the bytes (the pool's client) sends only where they are, `places_of
 (address, nbytes) per buffer, and keeps the buffers alive and unchanged until the reader has
 answered; the exports `places_of` returns also stop a bytearray from being resized (and its
 memory moved) meanwhile. The reader (a worker) copies them with one process_vm_readv(2) into its
-own memory: the owner does no per-byte work at all, where copying them into shared memory cost
-it ~18 us of CPU per 135 KB on the dev VM (and ~0.1 ms per 1.5 MB).
+own memory: the owner does no per-byte work at all, where copying them into shared memory costs
+the owner's thread (the serving loop's) CPU for every byte.
 
 The kernel allows this only where the reader may ptrace the owner: the same user, and with Yama
 (`kernel.yama.ptrace_scope`) at 0; at 1 (Ubuntu's default) only a process's ancestors may, so a
@@ -51,7 +51,7 @@ def _exported_place(buffer) -> tuple[np.ndarray, tuple[int, int]]:
 
 
 # Worked out once: a bytes object's place then costs one addition, where a numpy export of it and
-# its address cost ~75 us of CPU per buffer with the client's caches cold (measured on the dev VM).
+# its address go through numpy's cold entry points, which cost far more than that per buffer.
 _BYTES_DATA_OFFSET = _bytes_data_offset()
 
 

@@ -6,13 +6,16 @@ One ring per writer process, one writer per ring, so no cross-process lock exist
     RingWriter(segment rw) --- allocate, fill ---->  bytes in the segment
             ^                                        RingReader(segment ro).view(desc) -> numpy view
             |                                                  |
-            +------- release(offset, seq) on ZeroMQ <----------+  (when the consumer is done)
+            +------- release(offset, seq) message <------------+  (when the consumer is done)
 
 All bookkeeping lives in the writer's private memory; the segment holds payload bytes only, so
 correctness never depends on the ordering of stores to shared flag words. An allocation becomes
-visible to the reader only through a message sent after the writer finished filling it (ZeroMQ's
-send/receive is the synchronisation), and its space is reused only after the reader's release
-message arrives. Nothing is ever overwritten while live.
+visible to the reader only through a message sent after the writer finished filling it (the
+socket's send and receive are the synchronisation; in mmworker's pool a worker's Done on
+ipc.results), and its space is reused only after the reader's release message arrives (there, a
+Release, or the `released` field of the worker's next Job, in the worker's inbox: ipc.inbox; for
+the client's own request ring, which workers read, the job's answer says it). Nothing is ever
+overwritten while live.
 
 Allocation (the writer): 64-byte aligned, contiguous, in ring order. Allocations may be released in
 any order; space is reclaimed from the oldest end as soon as the oldest live allocation is released

@@ -6,9 +6,10 @@ registers attach-only segments too and unlinks them when an attaching process ex
 which is exactly the double-unlink / destroyed-live-buffer class of bug to avoid.
 
 Lifecycle, one owner:
-  1. the owner `create`s: O_CREAT|O_EXCL, mode 0600, then `posix_fallocate` so that a /dev/shm too
-     small fails here with ENOSPC instead of SIGBUS at the first write later (fallocate also
-     allocates the pages, so nothing is faulted in fresh later: ~1 ms/MB at first touch);
+  1. the owner `create`s: refused at once if /dev/shm has less room free than the segment, then
+     O_CREAT|O_EXCL, mode 0600, then `posix_fallocate` so that a /dev/shm that filled meanwhile
+     fails here with ENOSPC instead of SIGBUS at the first write later (fallocate also
+     allocates the pages, so no write later pays for faulting in fresh ones);
   2. the peers `attach` by name with MAP_POPULATE (their page tables are filled once, up front);
   3. the owner `unlink`s the name as soon as every party has mapped it. From then on the memory
      lives exactly as long as some mapping does: a crash of anyone, even SIGKILL, cannot leak it.
@@ -89,6 +90,15 @@ class Segment:
         """Create, reserve and map a new segment of `size` bytes (SharedMemoryError if impossible)."""
         if size <= 0:
             raise SharedMemoryError(f"shared memory: segment size must be positive, got {size}")
+        no_room = (f"shared memory: {SHM_DIR} cannot hold a {size}-byte segment ({{}} bytes free); "
+                   "enlarge it (e.g. docker --shm-size) or shrink the rings")  # fmt: skip
+        # Refused before any page is taken: on tmpfs, posix_fallocate takes pages until it runs out,
+        # so a segment larger than what is free would first take all of it (where /dev/shm is sized
+        # like the host's memory, enough to wake the OOM killer). fallocate stays the check that
+        # counts, since the free space may shrink meanwhile.
+        free = free_bytes()
+        if size > free:
+            raise SharedMemoryError(no_room.format(free))
         path = os.path.join(SHM_DIR, name)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -96,8 +106,6 @@ class Segment:
             raise SharedMemoryError(f"shared memory: cannot create {path}: {exc.strerror}") from exc
         try:
             os.fchmod(fd, 0o600)  # the umask can only remove bits, but be explicit about the mode
-            no_room = (f"shared memory: {SHM_DIR} cannot hold a {size}-byte segment ({{}} bytes free); "
-                       "enlarge it (e.g. docker --shm-size) or shrink the rings")  # fmt: skip
             buf = _reserve(fd, size, lambda: no_room.format(free_bytes()))
         except BaseException:
             os.close(fd)

@@ -24,8 +24,9 @@ Message flow (C = client, W = worker):
     C -> W  Release    allocations the client no longer uses (W may reuse their space); a client may
                        instead hand them over in the `released` field of W's next Job (one message
                        fewer) when W needs no space before that job
-    C -> W  Cancel     drop a job if it has not started (a started job still answers)
-    C -> W  Stop       finish the current job, then exit
+
+There is no message that stops a worker: its client ends it with SIGTERM or by closing its inbox,
+and a worker whose client dies dies with it (ipc.lifeline). docs/wire.md describes the protocol.
 """
 
 import msgspec
@@ -105,15 +106,7 @@ class Release(msgspec.Struct, frozen=True, tag="release"):
     allocations: list[tuple[int, int]]  # (offset, seq)
 
 
-class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
-    rid: int
-
-
-class Stop(msgspec.Struct, frozen=True, tag="stop"):
-    pass
-
-
-Message = Hello | Job | Done | Failed | Release | Cancel | Stop
+Message = Hello | Job | Done | Failed | Release
 
 
 class _Envelope(msgspec.Struct, frozen=True, array_like=True):

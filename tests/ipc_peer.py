@@ -1,6 +1,7 @@
 """Processes for the ipc multi-process tests: a ring writer, and a client that owns writers.
 
 python tests/ipc_peer.py writer ENDPOINT RING_NAME WORKER COUNT SEED MAX_BYTES PARENT_PID
+    (COUNT Done messages, then Done(-1); exits 0 once every allocation has been released)
 python tests/ipc_peer.py client N_WRITERS RING_BYTES      (prints its segment names, then waits)
 python tests/ipc_peer.py results FD IDENTITY COUNT PAD_BYTES   (COUNT Done records on an inherited results fd)
 """
@@ -19,7 +20,7 @@ from ipc.lifeline import die_with_parent
 from ipc.results import ResultSender
 from ipc.ring import RingWriter
 from ipc.segment import Segment, new_name
-from ipc.wire import WIRE_VERSION, Done, Hello, Release, Stop, TensorDesc
+from ipc.wire import WIRE_VERSION, Done, Hello, Release, TensorDesc
 
 
 def fill(arr: np.ndarray, seq: int) -> int:
@@ -42,11 +43,10 @@ def writer(endpoint, ring_name, worker, count, seed, max_bytes, parent_pid):
     dealer = Dealer(ctx, endpoint, f"w{worker}".encode())
     dealer.send(Hello(WIRE_VERSION, worker, os.getpid(), worker, ring_name, segment.size))
 
-    def apply(message) -> bool:
+    def apply(message) -> None:
         if isinstance(message, Release):
             for offset, seq in message.allocations:
                 ring.release(offset, seq)
-        return isinstance(message, Stop)
 
     def wait(seconds):
         got = dealer.recv(int(min(seconds, 0.05) * 1000))
@@ -61,13 +61,12 @@ def writer(endpoint, ring_name, worker, count, seed, max_bytes, parent_pid):
         desc = TensorDesc(worker, allocation.offset, allocation.seq, nbytes, "|u1", (nbytes,))
         dealer.send(Done(seq, {"x": desc}, {"fill": byte, "worker": worker}))
         while (got := dealer.recv(0)) is not None:
-            if apply(got[0]):
-                return
+            apply(got[0])
     dealer.send(Done(-1, {}, {"worker": worker, "full_waits": ring.stats().full_waits}))
-    while True:  # serve releases until told to stop
+    while ring.stats().live:  # serve releases until the reader has given every allocation back
         got = dealer.recv(-1)
-        if got is not None and apply(got[0]):
-            return
+        if got is not None:
+            apply(got[0])
 
 
 def client(n_writers, ring_bytes):

@@ -15,7 +15,7 @@ from ipc.errors import ChannelClosed, IpcError
 from ipc.inbox import Inbox, InboxReader
 from ipc.records import MAX_RECORD_BYTES
 from ipc.segment import SHM_DIR, Segment
-from ipc.wire import Done, Job, Release, Stop, encode
+from ipc.wire import Done, Job, Release, encode
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def rights(*fds: int) -> list:
 
 def test_messages_arrive_whole_and_in_order(pair):
     inbox, reader = pair
-    sent = [Job(1, 0, 1000, {"kinds": "b"}, [(64, 2)], [(0, 8), (64, 100)]), Release(0, [(128, 3)]), Stop()]
+    sent = [Job(1, 0, 1000, {"kinds": "b"}, [(64, 2)], [(0, 8), (64, 100)]), Release(0, [(128, 3)]), Job(2, 0, 10)]
     for message in sent:
         assert inbox.send(message)
     assert [reader.recv(1000) for _ in sent] == [(message, None) for message in sent]
@@ -101,7 +101,7 @@ def test_a_full_queue_refuses_without_blocking_and_loses_nothing(pair):
     while (record := reader.recv(0)) is not None:
         got.append(record[0].allocations[0][1])
     assert got == list(range(sent))
-    assert inbox.send(Stop())  # room again
+    assert inbox.send(Release(0, []))  # room again
 
 
 def test_a_record_too_large_is_refused_before_sending(pair):
@@ -115,7 +115,7 @@ def test_the_worker_gone_is_channel_closed_and_so_is_the_client_gone(pair):
     inbox, reader = pair
     reader.close()
     with pytest.raises(ChannelClosed):
-        inbox.send(Stop())
+        inbox.send(Release(0, []))
     other = Inbox()
     other_reader = InboxReader(os.dup(other.worker_fd))
     other.close()  # the client's end, and its copy of the worker's

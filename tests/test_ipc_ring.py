@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from processes import segments_of
 
 from ipc.errors import AllocationTooLarge, IpcError, RingFull, SharedMemoryError
+from ipc.inbox import Inbox, InboxReader
 from ipc.ring import ALIGN, RingReader, RingWriter
 from ipc.segment import SHM_DIR, Segment, free_bytes, new_name, sweep_stale
+from ipc.wire import Release
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +76,9 @@ def test_a_segment_shared_as_an_inherited_descriptor_needs_no_name():
 
 
 def test_too_big_for_dev_shm_is_a_clear_start_up_error():
+    # Refused before fallocate, which would first take every free page of /dev/shm (host memory).
     size = free_bytes() + (1 << 30)
+
     name = new_name("huge")
     with pytest.raises(SharedMemoryError, match=r"cannot hold a \d+-byte segment .* bytes free"):
         Segment.create(name, size)
@@ -120,17 +124,33 @@ def test_allocation_larger_than_ring(ring):
         writer.try_allocate(70000)
 
 
-def test_full_ring_waits_then_reports_shared_memory_full(ring):
+def test_full_ring_waits_for_releases_then_reports_shared_memory_full(ring):
     writer, _ = ring
     a = writer.try_allocate(40000)
+    inbox = Inbox()
+    releases = InboxReader(os.dup(inbox.worker_fd))
+    inbox.handed_over()
     waited = []
-    t0 = time.monotonic()
-    with pytest.raises(RingFull, match=r"^shared memory full: ring 0 has no room for 40000 bytes"):
-        writer.allocate(40000, time.monotonic() + 0.2, lambda s: (waited.append(s), time.sleep(min(s, 0.05))))
-    assert waited and 0.15 < time.monotonic() - t0 < 1.0
-    # A release arriving during the wait lets the allocation through.
-    b = writer.allocate(40000, time.monotonic() + 5, lambda s: writer.release(a.offset, a.seq))
-    assert b.offset == 0 and writer.stats().live == 1
+
+    def wait(seconds: float) -> None:  # as a worker waits for room: on its inbox, applying what arrives
+        waited.append(seconds)
+        got = releases.recv(int(min(seconds, 0.05) * 1000))
+        if got is not None:
+            for offset, seq in got[0].allocations:
+                writer.release(offset, seq)
+
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RingFull, match=r"^shared memory full: ring 0 has no room for 40000 bytes"):
+            writer.allocate(40000, time.monotonic() + 0.2, wait)
+        assert waited and 0.15 < time.monotonic() - t0 < 1.0  # nothing arrived: it waited until the deadline
+        # A release that arrives lets the allocation through.
+        assert inbox.send(Release(0, [(a.offset, a.seq)]))
+        b = writer.allocate(40000, time.monotonic() + 5, wait)
+        assert b.offset == 0 and writer.stats().live == 1
+    finally:
+        inbox.close()
+        releases.close()
 
 
 def test_release_must_name_a_live_allocation(ring):

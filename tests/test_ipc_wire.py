@@ -13,18 +13,16 @@ import msgspec
 import pytest
 import zmq
 
-from ipc.channels import CurveKeys, Dealer, Router, RuntimeDir, new_context
-from ipc.errors import IpcError, WireError
+from ipc.channels import Dealer, Router, RuntimeDir, new_context
+from ipc.errors import ChannelClosed, IpcError, WireError
 from ipc.wire import (
     MAX_HEADER_BYTES,
     WIRE_VERSION,
-    Cancel,
     Done,
     Failed,
     Hello,
     Job,
     Release,
-    Stop,
     TensorDesc,
     decode,
     encode,
@@ -36,8 +34,6 @@ SAMPLES = [
     Done(7, {"feature": TensorDesc(0, 128, 5, 4096, "<f4", (32, 32))}, {"hash": 123}, 1.5),
     Failed(7, "image 0: image decode: truncated", 0.3),
     Release(0, [(0, 1), (4096, 2)]),
-    Cancel(9),
-    Stop(),
 ]
 
 
@@ -65,7 +61,7 @@ def test_payload_frame_count_is_checked():
 
 
 def test_version_and_size_are_checked():
-    wrong = msgspec.msgpack.encode([WIRE_VERSION + 1, {"type": "stop"}])
+    wrong = msgspec.msgpack.encode([WIRE_VERSION + 1, {"type": "release", "ring": 0, "allocations": []}])
     with pytest.raises(WireError, match="wire version"):
         decode([wrong])
     with pytest.raises(WireError, match="exceeds"):
@@ -79,13 +75,20 @@ def test_no_arbitrary_objects():
     import pickle
 
     for raw in (
-        pickle.dumps(Stop),
+        pickle.dumps(Release(0, [(0, 1)])),
         msgspec.msgpack.encode([1, {"type": "job", "rid": "1", "frames": 0, "deadline_ms": 0}]),
         msgspec.msgpack.encode([1, {"type": "evil"}]),
         msgspec.msgpack.encode(msgspec.msgpack.Ext(1, b"x")),
     ):
         with pytest.raises(WireError):
             decode([raw])
+
+
+@pytest.mark.parametrize("tag", ["stop", "cancel"])
+def test_messages_the_schema_dropped_are_refused(tag):
+    # Stop and Cancel were messages once; a peer that still sends them is refused, never obeyed.
+    with pytest.raises(WireError, match="malformed header"):
+        decode([msgspec.msgpack.encode([WIRE_VERSION, {"type": tag, "rid": 1}])])
 
 
 def test_fuzz_100k_frames_never_crash():
@@ -188,26 +191,42 @@ def test_sweep_removes_only_socket_dirs_of_dead_creators(tmp_path):
         alive.wait()
 
 
-def test_dispatch_goes_to_idle_workers_only(channel):
+def test_messages_reach_the_named_peer_and_payload_frames_come_back(channel):
     _, ctx, router, dealers = channel
     for k in range(2):
         dealers.append(Dealer(ctx, router.endpoint, f"w{k}".encode()))
         dealers[-1].send(Hello(WIRE_VERSION, k, os.getpid(), k, "r", 1))
-    for _ in range(2):
-        peer, msg, _ = recv_until(router, lambda g: isinstance(g[1], Hello))
-        router.mark_idle(peer)
-    first = router.dispatch(Job(1, 1, 0), (b"payload",))
-    second = router.dispatch(Job(2, 0, 0))
-    assert {first, second} == {b"w0", b"w1"}
-    assert router.dispatch(Job(3, 0, 0)) is None  # both busy: nothing is queued blindly
-    by_peer = {b"w0": dealers[0], b"w1": dealers[1]}
-    msg, payload = by_peer[first].recv(2000)
-    assert msg == Job(1, 1, 0) and [bytes(p) for p in payload] == [b"payload"]
-    by_peer[second].send(Done(2, {}))
-    peer, msg, _ = recv_until(router, lambda g: isinstance(g[1], Done))
-    assert peer == second
-    router.mark_idle(peer)
-    assert router.dispatch(Job(3, 0, 0)) == second
+    peers = {recv_until(router, lambda g: isinstance(g[1], Hello))[0] for _ in range(2)}
+    assert peers == {b"w0", b"w1"}
+    router.send(b"w1", Job(1, 0, 0, {"sources": ["a"]}))
+    assert dealers[1].recv(2000) == (Job(1, 0, 0, {"sources": ["a"]}), [])
+    router.send(b"w0", Job(2, 0, 0))
+    assert dealers[0].recv(2000) == (Job(2, 0, 0), [])  # its own first: job 1 went to w1 only
+    big = os.urandom(3 << 20)  # above ZERO_COPY_THRESHOLD: sent zero-copy
+    dealers[1].send(Done(1, {}, frames=2), (b"small", big))
+    peer, msg, payload = recv_until(router, lambda g: isinstance(g[1], Done))
+    assert (peer, msg) == (b"w1", Done(1, {}, frames=2))
+    assert [bytes(frame) for frame in payload] == [b"small", big]
+
+
+def test_sending_to_a_peer_that_is_not_connected_is_channel_closed(channel):
+    _, ctx, router, dealers = channel
+    with pytest.raises(ChannelClosed, match=r"peer b'nobody' is not connected"):
+        router.send(b"nobody", Release(0, []))
+    dealers.append(Dealer(ctx, router.endpoint, b"w0"))
+    dealers[0].send(Hello(WIRE_VERSION, 0, os.getpid(), 0, "r", 1))
+    recv_until(router, lambda g: isinstance(g[1], Hello))
+    router.send(b"w0", Release(0, []))  # connected: delivered
+    assert dealers[0].recv(2000) == (Release(0, []), [])
+    dealers.pop().close()
+    deadline = time.monotonic() + 5  # the router learns of the disconnect asynchronously
+    while True:
+        try:
+            router.send(b"w0", Release(0, []))
+        except ChannelClosed:
+            break
+        assert time.monotonic() < deadline, "a closed peer still accepted messages after 5 s"
+        router.poll(20)
 
 
 def test_poll_says_where_the_messages_are(channel):
@@ -219,12 +238,12 @@ def test_poll_says_where_the_messages_are(channel):
         os.write(writing, b"x")
         assert router.poll(1000) == 2  # the watched fd only
         dealers.append(Dealer(ctx, router.endpoint, b"w9"))
-        dealers[-1].send(Stop())
+        dealers[-1].send(Release(0, []))
         deadline = time.monotonic() + 5
         while router.poll(100) != 3 and time.monotonic() < deadline:
             pass
         assert router.poll(0) == 3  # both: the router's socket is bit 0
-        assert isinstance(router.recv()[1], Stop)
+        assert isinstance(router.recv()[1], Release)
         os.read(reading, 1)
         assert router.poll(0) == 0
     finally:
@@ -264,9 +283,9 @@ def test_settled_router_fd_turns_readable_for_what_arrives_next(channel):
             dealers[0].send(Hello(WIRE_VERSION, k, os.getpid(), 0, "r", 1))
             assert fd_readable_within(5.0), f"message {k}: no wake-up on a settled router"
             if k == 1:  # a send may consume the notification: unsettled until recv finds nothing
-                router.send(b"w0", Stop())
+                router.send(b"w0", Release(0, []))
                 assert not router.settled
-                assert dealers[0].recv(2000) == (Stop(), [])
+                assert dealers[0].recv(2000) == (Release(0, []), [])
             elif k == 2:
                 assert router.poll(0) == 1 and not router.settled
             peer, message, _ = recv_waking_on_fd(k)
@@ -285,9 +304,9 @@ def test_malformed_messages_are_dropped_not_raised(channel):
     try:
         raw.send_multipart([b"\xc1garbage"])
         raw.send_multipart([encode(Job(1, 3, 0))])  # announces 3 frames, sends none
-        raw.send_multipart([encode(Stop())])
+        raw.send_multipart([encode(Release(0, [(64, 1)]))])
         _peer, msg, _ = recv_until(router, lambda g: True)
-        assert msg == Stop() and router.rejected == 2
+        assert msg == Release(0, [(64, 1)]) and router.rejected == 2
     finally:
         raw.close()
 
@@ -296,33 +315,20 @@ def test_close_does_not_hang_with_unsent_data(channel):
     _, ctx, _router, _dealers = channel
     d = Dealer(ctx, "ipc:///nonexistent/dir/sock", b"lost")  # never connects
     for _ in range(100):
-        d.send(Stop())
+        d.send(Release(0, []))
     t0 = time.monotonic()
     d.close()
     assert time.monotonic() - t0 < 1.0
     assert threading.active_count() >= 1
 
 
-def test_tcp_needs_curve_keys_and_curve_works():
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:0", "inproc://work", "/tmp/work"])
+def test_only_private_ipc_endpoints_are_accepted(endpoint):
     ctx = new_context()
     try:
-        with pytest.raises(IpcError, match="tcp:// endpoints need CURVE keys"):
-            Router(ctx, "tcp://127.0.0.1:0")
-        with pytest.raises(IpcError, match="tcp:// endpoints need CURVE keys"):
-            Dealer(ctx, "tcp://127.0.0.1:5", b"w0")
-        server_keys = CurveKeys.generate()
-        router = Router(ctx, "tcp://127.0.0.1:*", server_keys)
-        endpoint = router.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        good = Dealer(ctx, endpoint, b"good", CurveKeys.generate(server_public=server_keys.public))
-        wrong = Dealer(ctx, endpoint, b"wrong", CurveKeys.generate(server_public=CurveKeys.generate().public))
-        wrong.send(Stop())  # handshake against the wrong server key fails: never delivered
-        good.send(Stop())
-        peer, msg, _ = recv_until(router, lambda g: True)
-        assert peer == b"good" and msg == Stop()
-        time.sleep(0.3)
-        router.poll(100)
-        assert router.recv() is None
-        for sock in (good, wrong, router):
-            sock.close()
+        with pytest.raises(IpcError, match=r"only ipc:// endpoints are supported"):
+            Router(ctx, endpoint)
+        with pytest.raises(IpcError, match=r"only ipc:// endpoints are supported"):
+            Dealer(ctx, endpoint, b"w0")
     finally:
-        ctx.term()
+        ctx.term()  # returns at once: a refused endpoint left no socket open
