@@ -1,4 +1,4 @@
-"""The MmError family: every failure mmworker reports to a caller, and `Outcome`, the kind of each answer."""
+"""The MmError family (every failure mmworker reports to a caller), `Outcome` and `UsageError` (API misuse)."""
 
 import enum
 import re
@@ -70,6 +70,19 @@ def image_decode_error(exc: BaseException) -> MmError:
     """
     text = _ADDRESS.sub("", str(exc)) or type(exc).__name__
     return MmError(f"image decode: {text}")
+
+
+class UsageError(RuntimeError):
+    """The calling code used the API wrongly: a call the object's state does not allow (submit after
+    `close()`, a request id still in flight) or an argument of the wrong type that is not a
+    request's content (an unhashable request id, `mm_hashes` that is not a list of strings).
+
+    Raised at the call, and nothing is owed for it: no reply, no request. Not an MmError: an
+    MmError (a ValueError) says a request's content was bad and becomes that request's rejection,
+    which a server answers as the client's fault (SGLang: 400). A UsageError is a bug in the code
+    calling mmworker, so it is a RuntimeError, which no `except ValueError` takes for bad input and
+    a server answers as its own failure (500).
+    """
 
 
 class BudgetExceeded(BaseException):

@@ -4,6 +4,8 @@ Each runs a ThreadingHTTPServer in its own thread. Handler threads are non-daemo
 `stop()` joins every thread it started (server_close() reaps handler threads); slow handlers wait on
 a stop event and end as soon as the server stops. `wait_idle()` waits until every accepted connection
 has been closed, so fd counts taken afterwards are not racing a handler that is still finishing.
+`MediaServer.wait_received(path)` waits until a request for `path` has arrived, so a test can act
+while a client is known to be waiting on it (a slow route) instead of sleeping a guessed time.
 
 Origin routes (all responses carry ``Connection: close``):
 
@@ -77,6 +79,7 @@ class _TrackingServer(ThreadingHTTPServer):
         self._idle = threading.Condition()
         self._active = 0
         self.body_bytes_sent = 0  # /bytes body bytes the handler managed to write
+        self.received: list[str] = []  # the paths of the GETs that arrived, in order
 
     def process_request(self, request, client_address):
         with self._idle:
@@ -98,6 +101,16 @@ class _TrackingServer(ThreadingHTTPServer):
     def count_sent(self, n: int) -> None:
         with self._idle:
             self.body_bytes_sent += n
+
+    def note_received(self, path: str) -> None:
+        with self._idle:
+            self.received.append(path)
+            self._idle.notify_all()
+
+    def wait_received(self, path: str, timeout: float) -> None:
+        with self._idle:
+            if not self._idle.wait_for(lambda: path in self.received, timeout):
+                raise TimeoutError(f"test HTTP server: no request for {path} within {timeout} s (got {self.received})")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -127,6 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _OriginHandler(_Handler):
     def do_GET(self):
+        self.server.note_received(self.path)
         parsed = urllib.parse.urlsplit(self.path)
         parts = parsed.path.strip("/").split("/")
         route, arg = parts[0], parts[1] if len(parts) > 1 else ""
@@ -242,6 +256,11 @@ class MediaServer(RunningServer):
     def put(self, name: str, data: bytes) -> str:
         self.server.blobs[name] = data
         return self.url(f"/blob/{name}")
+
+    def wait_received(self, path: str, timeout: float = 10.0) -> None:
+        """Return once a GET for `path` (as sent: path and query) has arrived; its handler may still
+        be running. TimeoutError, naming what did arrive, if none has within `timeout`."""
+        self.server.wait_received(path, timeout)
 
 
 class ForwardProxy(RunningServer):

@@ -1,12 +1,15 @@
 """What the process and shared-memory tests check alike: the /dev/shm segments a process created
 (and a fixture that fails a test leaving any), whether a process has ended (exited, or a zombie
-nobody has reaped yet), its open fds, making a child process one its own children may not read
-(process_vm_readv), and waiting for a pool's replies."""
+nobody has reaped yet) or ends within a deadline, its open fds, making a child process one its own
+children may not read (process_vm_readv), and waiting, each with a deadline, for a pool's replies
+and for a line a child process prints."""
 
 import contextlib
 import gc
 import os
+import select
 import time
+from typing import IO
 
 import pytest
 
@@ -64,3 +67,36 @@ def ended(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def all_end_within(pids: list[int], seconds: float) -> bool:
+    """Whether every process in `pids` (children or not) ends within `seconds`: a wait on each one's
+    pidfd, which becomes readable when the process exits (a zombie counts), never a polling loop."""
+    deadline = time.monotonic() + seconds
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone and reaped already
+        try:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return False
+        finally:
+            os.close(fd)
+    return True
+
+
+def line_within(stream: IO, seconds: float, what: str) -> str:
+    """The next line a child process prints on `stream` (its stdout pipe) within `seconds`, or an
+    assertion naming `what` was awaited and what came. It reads the pipe's fd a byte at a time, so
+    nothing past the line is buffered where a later wait cannot see it: never mix it with the
+    stream's own read methods."""
+    fd, line = stream.fileno(), bytearray()
+    deadline = time.monotonic() + seconds
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], f"no {what} within {seconds} s (got {bytes(line)!r})"
+        byte = os.read(fd, 1)
+        assert byte, f"the process closed its output before {what} (got {bytes(line)!r})"
+        line += byte
+    return line.decode()

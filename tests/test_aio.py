@@ -9,11 +9,11 @@ import time
 
 import pytest
 from httpserver import MediaServer
-from processes import ended, no_leaked_segments  # noqa: F401 (a fixture, autouse here)
+from processes import ended, no_leaked_segments, wait_replies  # noqa: F401 (a fixture, autouse here)
 
-from mmworker import MmError, WorkerPool
+from mmworker import WorkerPool
 from mmworker.corpus import encode, photo_like
-from mmworker.errors import Outcome
+from mmworker.errors import Outcome, UsageError
 from mmworker.pool.aio import TICK_S
 from mmworker.registry import named_spec
 
@@ -92,9 +92,7 @@ def test_awaited_and_polled_requests_never_get_each_others_replies(images):
             *(pool.aprocess([8, P], [images["small"]], request_id=f"a{k}") for k in range(5))
         )
         assert [r.request_id for r in awaited] == [f"a{k}" for k in range(5)]
-        got = []
-        while len(got) < 5:
-            got += pool.poll(0.1)
+        got = wait_replies(pool, 5, timeout=30)  # poll() blocks the loop: its own deadline, not run()'s
         assert [r.request_id for r in got] == polled and all(r.input_ids[0] == 7 for r in got)
         for r in awaited + got:
             r.release()
@@ -131,7 +129,7 @@ def test_cancelling_a_running_request_cancels_it_and_frees_its_late_answer(image
         try:
             task = asyncio.create_task(pool.aprocess([P], [images["jpeg"]], request_id="gone"))
             await asyncio.sleep(0)  # the task submits: the idle worker gets the job at once
-            assert pool._slots[0].rid is not None
+            assert pool._supervisor.slots[0].rid is not None
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -151,7 +149,9 @@ def test_a_reply_delivered_as_its_task_is_cancelled_is_released(images):
     # CancelledError, and the reply it can no longer return is released.
     async def main(pool):
         task = asyncio.create_task(pool.aprocess([P], [images["small"]]))
+        deadline = time.monotonic() + 30
         while pool.stats().shm_held_bytes == 0:  # until the driver has delivered the reply
+            assert time.monotonic() < deadline, "the driver delivered no reply within 30 s"
             await asyncio.sleep(0)
         task.cancel()  # the task has not run since: its future is done
         with pytest.raises(asyncio.CancelledError):
@@ -177,7 +177,7 @@ def test_closing_the_pool_answers_every_pending_await_and_removes_the_reader(ima
         assert [r.kind for r in replies] == [Outcome.POOL_CLOSED] * 5
         assert all(r.error == "pool closed" for r in replies)
         assert not loop.remove_reader(fd)  # the driver took it off already
-        with pytest.raises(MmError, match=r"^pool closed: submit after close\(\)$"):
+        with pytest.raises(UsageError, match=r"^pool closed: submit after close\(\)$"):
             await pool.aprocess([P], [images["small"]])  # misuse still raises
 
     pool = WorkerPool(SPEC, {"workers": 1, "ring_mib": 64})
@@ -195,7 +195,7 @@ def test_a_worker_killed_with_requests_in_flight(images):
         os.kill(pid, signal.SIGSTOP)
         tasks = [asyncio.create_task(pool.aprocess([P], [images["small"]], request_id=k)) for k in range(4)]
         await asyncio.sleep(0)
-        assert pool._slots[0].rid is not None  # the first is on the stopped worker, three queued
+        assert pool._supervisor.slots[0].rid is not None  # the first is on the stopped worker, three queued
         os.kill(pid, signal.SIGKILL)
         replies = await asyncio.gather(*tasks)
         assert replies[0].kind is Outcome.WORKER_CRASHED and replies[0].error.startswith("worker crashed")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import zmq
 from httpserver import MediaServer
-from processes import ended, segments_of
+from processes import all_end_within, line_within, segments_of
 
 from ipc.segment import free_bytes
 from mmworker import MmError, WorkerPool
@@ -82,8 +82,8 @@ def test_sigkill_of_the_io_process(jpeg):
     try:
         url = server.put("a.jpg", jpeg)
         with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "media": media}) as pool:
-            slow = pool.submit([P], [server.url("/slow/30")])  # held in the I/O process
-            time.sleep(0.3)
+            slow = pool.submit([P], [server.url("/slow/30")])
+            server.wait_received("/slow/30")  # the I/O process holds it, waiting for the answer
             os.kill(pool.io_pid(), signal.SIGKILL)
             [reply] = drain(pool, 1, timeout=20)
             assert reply.request_id == slow and reply.error.startswith("I/O process crashed")
@@ -105,14 +105,11 @@ def test_sigkill_of_the_client_takes_workers_and_memory_with_it():
         [sys.executable, str(ROOT / "tests" / "pool_client.py")], stdout=subprocess.PIPE, text=True
     )
     try:
-        pids = [int(p) for p in client.stdout.readline().split()]
-        time.sleep(1.0)  # requests in flight
+        pids = [int(p) for p in line_within(client.stdout, 120, "pool pids").split()]
+        assert line_within(client.stdout, 60, "replies with requests in flight") == "busy\n"
         client.send_signal(signal.SIGKILL)
         client.wait(10)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 2.0 and not all(ended(p) for p in pids):
-            time.sleep(0.02)
-        assert all(ended(p) for p in pids), "workers outlived their client by more than 2 s"
+        assert all_end_within(pids, 2.0), "workers outlived their client by more than 2 s"
         assert segments_of(client.pid) == []
     finally:
         if client.poll() is None:

@@ -1,6 +1,7 @@
 """Typed outcomes: every reply's `kind` (mmworker.errors.Outcome), from the decoder's refusals through
 the worker's and the I/O process's Failed messages to the pool's own rejections; real processes."""
 
+import asyncio
 import gc
 import io
 import os
@@ -17,11 +18,11 @@ from processes import segments_of, wait_replies
 
 from ipc.results import ResultSender
 from ipc.wire import WIRE_VERSION, Done, Failed, TensorDesc, decode, encode
-from mmworker import MmError, WorkerPool
+from mmworker import MmError, Reply, WorkerPool, to_sglang
 from mmworker.corpus import encode as encode_image
 from mmworker.corpus import photo_like
 from mmworker.driver import MmInput, process
-from mmworker.errors import Outcome, UnsupportedInput
+from mmworker.errors import Outcome, UnsupportedInput, UsageError
 from mmworker.registry import named_spec, pipeline_from_spec
 
 P = 151655
@@ -157,7 +158,7 @@ def test_every_kind_of_pool_rejection(tmp_path):
             [pid] = pool.worker_pids()
             os.kill(pid, signal.SIGSTOP)
             running = pool.submit([P], [small])
-            assert pool._slots[0].rid is not None  # handed to the stopped worker
+            assert pool._supervisor.slots[0].rid is not None  # handed to the stopped worker
             os.kill(pid, signal.SIGKILL)
             [crashed] = wait_replies(pool, 1)
             assert crashed.request_id == running and crashed.kind is Outcome.WORKER_CRASHED
@@ -173,9 +174,42 @@ def test_every_kind_of_pool_rejection(tmp_path):
         pool.close()
         [closed] = pool.poll()
         assert closed.request_id == pending and closed.kind is Outcome.POOL_CLOSED and closed.error == "pool closed"
-        with pytest.raises(MmError, match=r"^pool closed: submit after close\(\)$") as info:
+        with pytest.raises(UsageError, match=r"^pool closed: submit after close\(\)$"):
             pool.submit([P], [small])
-        assert info.value.kind is Outcome.POOL_CLOSED
+
+
+def test_misuse_raises_usage_error_at_the_call_and_owes_nothing():
+    # A mistake of the calling code is not a request's bad content: no reply, not an MmError (a
+    # ValueError, which SGLang answers 400), but a RuntimeError raised at the call.
+    assert issubclass(UsageError, RuntimeError) and not issubclass(UsageError, (ValueError, MmError))
+    small = encode_image(photo_like(64, 48, seed=1), "PNG")
+    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
+        pool.submit([P], [small], request_id="a")
+        misuse = {
+            "submit, an id in flight": (lambda: pool.submit([P], [small], request_id="a"), r"^request id 'a' is"),
+            "process, an id in flight": (lambda: pool.process([P], [small], request_id="a"), r"^request id 'a' is"),
+            "an unhashable id": (lambda: pool.submit([P], [small], request_id=["a"]), r"must be hashable, got list$"),
+            "cancel, an unhashable id": (lambda: pool.cancel({}), r"^a request id must be hashable, got dict$"),
+            "mm_hashes, a string": (lambda: pool.submit([P], [small], mm_hashes="0xab"), r"^mm_hashes must be a list"),
+            "mm_hashes, a number": (lambda: pool.submit([P], [small], mm_hashes=7), r"or None, got int$"),
+        }
+        for name, (call, pattern) in misuse.items():
+            with pytest.raises(UsageError, match=pattern):
+                call()
+            assert pool.stats().submitted == 1, name  # nothing was submitted, nothing is owed
+        [reply] = wait_replies(pool, 1)
+        assert reply.request_id == "a" and reply.ok, reply.error
+        reply.release()
+        assert pool.stats().in_flight == 0 and pool.poll(0.2) == []
+        rejected = pool.process([P], [b"junk"])
+        with pytest.raises(UsageError, match=r"^to_sglang: request \d+ was rejected: image 0: image decode"):
+            to_sglang(rejected)
+        with pytest.raises(UsageError, match=r"^to_sglang: reply 'x' names no family \(not a pool's reply\)$"):
+            to_sglang(Reply("x", True))
+    with pytest.raises(UsageError, match=r"^pool closed: submit after close\(\)$"):
+        pool.submit([P], [small])
+    with pytest.raises(UsageError, match=r"^pool closed: submit after close\(\)$"):
+        asyncio.run(pool.aprocess([P], [small]))
 
 
 def test_a_result_larger_than_the_ring_is_unsupported_and_a_bad_one_internal():
@@ -185,7 +219,7 @@ def test_a_result_larger_than_the_ring_is_unsupported_and_a_bad_one_internal():
         reply = pool.process([P], [jpeg])
         assert reply.kind is Outcome.UNSUPPORTED and "is larger than the ring" in reply.error, reply.error
         # A Done whose descriptors do not check out (sent on the worker's identity while it is stopped).
-        [slot] = pool._slots
+        [slot] = pool._supervisor.slots
         [pid] = pool.worker_pids()
         os.kill(pid, signal.SIGSTOP)
         try:

@@ -2,14 +2,17 @@
 
 import asyncio
 import base64
+import fcntl
 import gc
 import logging
 import os
 import select
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 import tracemalloc
 from pathlib import Path
@@ -26,8 +29,10 @@ from ipc.wire import Done, TensorDesc
 from mmworker import MmError, PoolConfig, WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
-from mmworker.errors import Outcome
+from mmworker.errors import Outcome, UsageError
 from mmworker.pipeline import MRope
+from mmworker.pool import naming
+from mmworker.pool.inflight import State
 from mmworker.registry import named_spec, pipeline_from_spec
 
 P = 151655
@@ -152,7 +157,7 @@ def test_rejections_name_the_cause(pool, images):
 
 def test_a_request_id_is_refused_while_in_flight_and_free_again_once_answered(pool, images):
     pool.submit([P], [images["small"]], request_id="a")
-    with pytest.raises(MmError, match=r"^request id 'a' is already in flight$"):
+    with pytest.raises(UsageError, match=r"^request id 'a' is already in flight$"):
         pool.submit([P], [images["small"]], request_id="a")
     [reply] = wait_replies(pool, 1)
     assert reply.request_id == "a" and reply.ok, reply.error
@@ -220,6 +225,86 @@ def test_cancel_queued_and_running(pool, images):
     assert pool.stats().request_ring_used_bytes == 0  # the running one's inputs too, once it answered
 
 
+def state_of(pool, request_id) -> State:
+    return pool._inflight.table[pool._inflight.answers.rid_of(request_id)].state
+
+
+def wait_until(pool, condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the pool did not get there in time"
+        pool.poll(0.05)
+
+
+def test_cancel_in_every_state_answers_aborted_exactly_once_and_frees_everything(images):
+    # Finished but not yet taken, running (a stopped worker), queued, fetching (a slow URL at the
+    # I/O process): each cancel answers "aborted" at once, and a second one changes nothing. The
+    # late answers are dropped when they come: the worker's (its memory given back), and none at
+    # all from an I/O process that dies meanwhile, which must not answer the request again.
+    server = MediaServer()
+    try:
+        with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "media": TEST_MEDIA}) as pool:
+            finished = pool.submit([P], [images["small"]])
+            pool.process([P], [images["small"]]).release()  # one worker: `finished` is done, its reply kept
+            [pid] = pool.worker_pids()
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                running = pool.submit([P], [images["jpeg"]])
+                queued = pool.submit([P], [images["small"]])
+                fetching = pool.submit([P], [server.url("/slow/30")])
+                states = [state_of(pool, r) for r in (running, queued, fetching)]
+                assert states == [State.RUNNING, State.QUEUED, State.FETCHING]
+                rejected = pool.stats().rejected
+                for request_id in (finished, running, queued, fetching) * 2:  # twice: the second changes nothing
+                    assert pool.cancel(request_id)
+                assert pool.stats().rejected == rejected + 3  # the finished one had been accepted
+                assert state_of(pool, running) is State.CANCELLED_RUNNING
+                assert state_of(pool, fetching) is State.CANCELLED_FETCHING
+                assert pool.stats().queued == 0 and pool.stats().in_flight == 2
+                os.kill(pool.io_pid(), signal.SIGKILL)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            replies = wait_replies(pool, 4)
+            assert [r.request_id for r in replies] == [finished, running, queued, fetching]
+            assert all(r.kind is Outcome.ABORTED and r.error == "aborted" for r in replies)
+            wait_until(pool, lambda: pool.stats().in_flight == 0 and pool._supervisor.io_ready)  # said Hello
+            assert pool.poll(0.3) == []  # nothing answered twice
+            stats = pool.stats()
+            assert stats.shm_held_bytes == 0 and stats.request_ring_used_bytes == 0
+            assert not pool.cancel(finished)  # delivered
+            with pool.process([P], [server.put("a.png", images["small"])]) as after:  # the new I/O process serves
+                assert after.ok, after.error
+
+            # Running, cancelled, then its worker dies: the crash does not answer it again.
+            [pid] = pool.worker_pids()
+            os.kill(pid, signal.SIGSTOP)
+            gone = pool.submit([P], [images["small"]])
+            assert state_of(pool, gone) is State.RUNNING and pool.cancel(gone)
+            os.kill(pid, signal.SIGKILL)
+            [reply] = wait_replies(pool, 1)
+            assert reply.request_id == gone and reply.kind is Outcome.ABORTED
+            wait_until(pool, lambda: pool.stats().restarts == 2 and pool.stats().workers_ready == 1)
+            assert pool.stats().in_flight == 0 and pool.poll(0.3) == []
+            answers = pool._inflight.answers
+            assert not (answers._finished or answers._rids or answers._order or answers._deliver)
+            with pool.process([P], [images["small"]]) as after:
+                assert after.ok, after.error
+    finally:
+        server.stop()
+
+
+def test_done_names_are_read_back_as_written_and_foreign_ones_refused():
+    tensors = {naming.INPUT_IDS: "ids", naming.feature_name(0): "f0", naming.feature_name(1): "f1",
+               naming.aux_name(1, "grid.thw"): "g"}  # fmt: skip
+    assert naming.unpack(tensors, 2) == ("ids", None, ["f0", "f1"], [{}, {"grid.thw": "g"}])
+    assert naming.unpack({**tensors, naming.POSITIONS: "p"}, 2)[1] == "p"
+    for foreign in ("aux.2.x", "aux.-1.x", "aux.a.x", "aux.0"):  # an item the request lacks, or no name at all
+        with pytest.raises((IndexError, ValueError)):
+            naming.unpack({**tensors, foreign: "x"}, 2)
+    with pytest.raises(KeyError):
+        naming.unpack(tensors, 3)  # a feature missing
+
+
 def test_a_queued_request_keeps_the_ids_it_was_given(images):
     # The caller may reuse its array or list as soon as submit returns, also while the request waits.
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64}) as pool:
@@ -261,11 +346,24 @@ def test_queue_full_rejects_at_once(images):
             r.release()
 
 
+def wait_inbox_read(pool, slot, timeout: float = 10.0) -> None:
+    """Until `slot`'s worker has read all the pool sent to its inbox (a Job: the worker has it and
+    runs it): nothing is queued on the pool's end of the socket pair any more (SIOCOUTQ counts what
+    the reader has not consumed). No poll(), which would take a reply this test waits for."""
+    fd = pool._res.inboxes[slot.index]._sock.fileno()
+    deadline = time.monotonic() + timeout
+    while (queued := struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0]) > 0:
+        assert time.monotonic() < deadline, f"worker {slot.index} left {queued} inbox bytes unread for {timeout} s"
+        time.sleep(0.001)
+
+
 def test_worker_crash_is_answered_and_the_worker_replaced(images):
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 256}) as pool:
         [pid] = pool.worker_pids()
+        [slot] = pool._supervisor.slots
         rid = pool.submit([P] * 8, [images["big"]] * 8)  # a few hundred ms of work
-        time.sleep(0.05)
+        assert slot.rid is not None  # handed to the idle worker at once...
+        wait_inbox_read(pool, slot)  # ...which has taken it: the kill comes mid-request
         os.kill(pid, signal.SIGKILL)
         [reply] = wait_replies(pool, 1)
         assert reply.request_id == rid and not reply.ok
@@ -300,7 +398,7 @@ def test_close_rejects_everything_pending(images):
     replies = pool.poll()
     assert [r.request_id for r in replies] == rids and {r.error for r in replies} == {"pool closed"}
     assert {r.kind for r in replies} == {Outcome.POOL_CLOSED}
-    with pytest.raises(MmError, match="pool closed"):
+    with pytest.raises(UsageError, match="pool closed"):
         pool.submit([P], [images["small"]])
     assert all(ended(pid) for pid in pids)
 
@@ -328,7 +426,7 @@ def test_a_result_naming_an_item_the_request_lacks_is_rejected_and_a_stale_one_d
     # no exception. The worker's real answer, arriving after that, answers a job it no longer
     # runs: it is dropped without touching the slot, and the pool serves the next request.
     with WorkerPool(SPEC, {"workers": 1, "deadline_s": 30}) as pool:
-        [slot] = pool._slots
+        [slot] = pool._supervisor.slots
         [pid] = pool.worker_pids()
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -370,7 +468,7 @@ def test_releases_a_stopped_worker_has_no_room_for_wait_and_none_is_lost(images)
 
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 36, "queue_depth": 512, "deadline_s": 20}) as pool:
         [pid] = pool.worker_pids()
-        [slot] = pool._slots
+        [slot] = pool._supervisor.slots
         held = hold(400)
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -574,7 +672,7 @@ def test_to_sglang_dict(pool, images):
         # Without these SGLang's scheduler cannot pad the image tokens (found by tests/test_sglang_client.py).
         assert (out["im_token_id"], out["im_start_id"], out["im_end_id"], out["video_token_id"]) == (
             151655, 151652, 151653, 151656)  # fmt: skip
-    with pytest.raises(ValueError, match="was rejected"):
+    with pytest.raises(UsageError, match="was rejected"):  # the caller's mistake, not bad input
         to_sglang(pool.process([P], [b"junk"]))
 
 

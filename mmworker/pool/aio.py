@@ -71,7 +71,7 @@ class PoolDriver:
         self._in_flight += 1  # before the submit: a rejection is delivered inside it
         try:
             request_id = pool._submit(input_ids, images, request_id, mm_hashes, deliver)
-        except BaseException:  # misuse (after close, a request id in flight): nothing was owed
+        except BaseException:  # misuse (UsageError: after close, a request id in flight): nothing was owed
             self._in_flight -= 1
             raise
         if future.done():  # rejected at submit
@@ -81,7 +81,7 @@ class PoolDriver:
         if not pool._res.router.settled:
             # The submit sent to the I/O process: the router's fd announces only what arrives
             # after a receive (ipc.channels.Router.settled), so receive once now.
-            pool._step()
+            pool._engine.step()
         try:
             return await future
         except asyncio.CancelledError:
@@ -104,14 +104,14 @@ class PoolDriver:
         pool = self._pool()
         if pool is None or pool._res.closed:  # its teardown detaches this; until then, nothing to do
             return
-        pool._step()
+        pool._engine.step()
 
     def _tick(self) -> None:
         self._timer = None
         pool = self._pool()
         if pool is None or pool._res.closed:
             return
-        pool._step()
+        pool._engine.step()
         if self._in_flight and self._attached:
             self._timer = self._loop.call_later(TICK_S, self._tick)
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mmworker.errors import MmError, Outcome
+from mmworker.errors import Outcome, UsageError
 from mmworker.pool.reply import Reply
 
 
@@ -29,9 +29,9 @@ class Answers:
         self._deliver: dict[int, Callable[[Reply], None]] = {}  # rid -> where its reply goes at once
 
     def owe(self, rid: int, request_id: Any, deliver: Callable[[Reply], None] | None = None) -> None:
-        """Register a new request; MmError if `request_id` is still in flight."""
-        if request_id in self._rids:
-            raise MmError(f"request id {request_id!r} is already in flight")
+        """Register a new request; UsageError if `request_id` is still in flight or cannot be a key."""
+        if self.rid_of(request_id) is not None:
+            raise UsageError(f"request id {request_id!r} is already in flight")
         self._rids[request_id] = rid
         if deliver is None:
             self._order.append(rid)
@@ -39,7 +39,12 @@ class Answers:
             self._deliver[rid] = deliver
 
     def rid_of(self, request_id: Any) -> int | None:
-        return self._rids.get(request_id)
+        """The rid of `request_id`'s reply not yet handed out; None if there is none. UsageError if
+        `request_id` cannot be a request id (it is not hashable)."""
+        try:
+            return self._rids.get(request_id)
+        except TypeError:
+            raise UsageError(f"a request id must be hashable, got {type(request_id).__name__}") from None
 
     def give(self, rid: int, reply: Reply) -> None:
         """Its one reply (a later one for the same rid replaces it: see `abort`)."""

@@ -18,16 +18,16 @@ class Service(Protocol):
 
 
 def run_child(argv: list[str], label: str, make: Callable[[dict], Service]) -> int:
-    """`python -m <module> '<json args>'`: args carry "parent" (pid), optionally "cores", "nice" and
-    "sched" ("idle": SCHED_IDLE)."""
+    """`python -m <module> '<json args>'`: args carry "parent" (pid), "cores" (a list, or null: not
+    pinned), "nice" (added to the parent's) and "sched" ("idle": SCHED_IDLE; "normal")."""
     args = json.loads(argv[1])
     die_with_parent(int(args["parent"]))
-    if args.get("cores"):
+    if args["cores"]:
         os.sched_setaffinity(0, {int(c) for c in args["cores"]})
     # Before any thread exists: threads started later (libzmq's) inherit both.
-    if args.get("nice"):
+    if args["nice"]:
         os.nice(int(args["nice"]))
-    if args.get("sched") == "idle":
+    if args["sched"] == "idle":
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     logging.basicConfig(level=logging.WARNING, format=f"[mmworker {label}] %(message)s")
     service = make(args)  # start-up (warm-up, mapping, Hello) happens before the tripwire is set

@@ -1,6 +1,7 @@
 """The pool's configuration: worker count, core pinning, rings, queue depth and deadlines, validated once.
 
-From a dict or a TOML file (every key optional):
+The one place the pool's defaults live: the client passes every setting to its child processes,
+which read them without defaults of their own. From a dict or a TOML file (every key optional):
 
     workers = "auto"          # or an int; "auto" = one per core left after the reserved ones
     cores = "2-13,16"         # CPUs the pool may use; default: this process's affinity set
@@ -13,7 +14,7 @@ From a dict or a TOML file (every key optional):
                               # user; Yama ptrace_scope 0), checked at start-up; else, or with false:
     request_ring_mib = 64     # the client's ring they are copied into (a job that does not fit gets a
                               # one-off segment instead)
-    queue_depth = 256         # requests in flight (queued + fetching + running + unread); beyond: "queue full"
+    queue_depth = 256         # requests in flight (fetching + queued + running); beyond: "queue full"
     deadline_s = 60           # per request, from dispatch to a worker; past it: "deadline exceeded"
     memory_wait_s = 5         # how long a worker whose ring is full waits for replies to be released
                               # before it rejects the job (kind MEMORY_FULL: the caller holds replies

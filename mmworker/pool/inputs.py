@@ -16,7 +16,7 @@ from ipc.ring import ALIGN, Allocation, RingWriter
 from ipc.segment import Segment
 from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
 from mmworker.common.inline import decoded_size_estimate
-from mmworker.errors import MmError
+from mmworker.errors import MmError, UsageError
 from mmworker.pool.protocol import KIND_BYTES, KIND_STRING, REQUEST_RING, needs_io
 
 if TYPE_CHECKING:
@@ -57,9 +57,20 @@ class RequestInputs:
                 self.frames[i], self.kinds[i] = next(fetched), KIND_BYTES
 
 
-def check_inputs(input_ids: Any, images: Any, mm_hashes: Sequence[str] | None) -> RequestInputs:
+def hashes_of(mm_hashes: Any) -> list[str] | None:
+    """`mm_hashes` as a list of its own, or None; UsageError unless it is None or a list (or another
+    sequence) of hash strings. Its entries are content (a malformed one is ignored, see
+    `override_hashes`); the argument's type is the caller's."""
+    if mm_hashes is None:
+        return None
+    if isinstance(mm_hashes, (str, bytes, bytearray, memoryview)) or not isinstance(mm_hashes, Sequence):
+        raise UsageError(f"mm_hashes must be a list of hex strings or None, got {type(mm_hashes).__name__}")
+    return list(mm_hashes)
+
+
+def check_inputs(input_ids: Any, images: Any, mm_hashes: list[str] | None) -> RequestInputs:
     """Convert and check what is cheap to check here (the worker checks everything else); MmError
-    names what is wrong."""
+    names what is wrong. `mm_hashes` as `hashes_of` returned it."""
     ids = _ids_of(input_ids)
     if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
         raise MmError("images must be a list of sources")
@@ -89,14 +100,13 @@ def check_inputs(input_ids: Any, images: Any, mm_hashes: Sequence[str] | None) -
     total += raw
     if total > MAX_REQUEST_BYTES:
         raise MmError(f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes")
-    hashes = list(mm_hashes) if mm_hashes is not None else None
-    return RequestInputs(ids, list(images), frames, kinds, raw, hashes)
+    return RequestInputs(ids, list(images), frames, kinds, raw, mm_hashes)
 
 
 def _ids_of(input_ids: Any) -> bytes | np.ndarray:
     """`input_ids` as int64 in a copy of their own (contiguous, kept unchanged): bytes for a flat
-    list of ints (array's conversion and a bytes object's place cost ~40 us of CPU less than numpy's
-    with the client's caches cold, measured on the dev VM), else a numpy array, as numpy converts."""
+    list of ints (array's conversion and a bytes object cost less CPU than numpy's conversion and
+    array, most with the client's caches cold), else a numpy array, as numpy converts."""
     if type(input_ids) is list and sys.byteorder == "little":  # the worker reads them as "<i8"
         try:
             return array("q", input_ids).tobytes()

@@ -1,9 +1,11 @@
 """The I/O process: resolves a request's URLs and file paths before it reaches a CPU worker.
 
 Started by the pool as `python -m mmworker.pool.iostage '<json>'` with {"endpoint", "parent",
-"cores", "concurrency"}. One thread, libcurl's multi interface: every transfer of every request
-runs at once up to a global cap (default 32), so a request's images download concurrently and a
-slow host or a hung mount never occupies a CPU worker.
+"cores", "nice", "sched", "concurrency", "media"}, every one given (the defaults live in
+PoolConfig only). One thread, libcurl's multi interface: every transfer of every request runs at
+once up to a global cap (`io_concurrency`), so a request's images download concurrently and a slow
+host or a hung mount never occupies a CPU worker. It serves until the pool ends it (SIGTERM) or
+its parent dies.
 
     C -> IO  Job(rid, args={"sources": [...], "budget": bytes allowed for these sources})
     IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason, kind)
@@ -24,7 +26,7 @@ import pycurl
 import zmq
 
 from ipc.channels import Dealer, new_context
-from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Stop
+from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job
 from mmworker.common.budget import ByteBudget
 from mmworker.common.fetch import REMOTE_PREFIXES, fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
@@ -53,20 +55,19 @@ class IoStage:
     def __init__(self, args: dict) -> None:
         self.context = new_context()
         self.channel = Dealer(self.context, args["endpoint"], IO_IDENTITY)
-        self.concurrency = int(args.get("concurrency", 32))
+        self.concurrency = int(args["concurrency"])
         self.multi = pycurl.CurlMulti()
         self.active: dict[pycurl.Curl, tuple[_Request, int, Transfer]] = {}
         self.waiting: collections.deque[tuple[_Request, int, str]] = collections.deque()
         self.timeout_s = timeout_from_env()
-        self.policy = MediaPolicy.from_mapping(args.get("media"))
-        self.stopping = False
+        self.policy = MediaPolicy.from_mapping(args["media"])
         self.channel.send(Hello(WIRE_VERSION, -1, os.getpid(), -1, "", 0))
 
     def serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.channel.sock, zmq.POLLIN)
         registered: set[int] = set()
-        while not (self.stopping and not self.active and not self.waiting):
+        while True:
             for fd in registered:
                 poller.unregister(fd)
             reads, writes, errors = self.multi.fdset()
@@ -84,9 +85,7 @@ class IoStage:
             self._drive()
 
     def _on_message(self, message) -> None:
-        if isinstance(message, Stop):
-            self.stopping = True
-        elif isinstance(message, Job):
+        if isinstance(message, Job):
             sources = message.args.get("sources") or []
             indices = message.args.get("indices") or []
             budget = message.args.get("budget", 0)

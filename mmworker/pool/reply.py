@@ -5,7 +5,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mmworker.errors import Outcome
+from mmworker.errors import Outcome, UsageError
+from mmworker.pipeline import Family
 
 
 class Lease(Protocol):
@@ -35,7 +36,8 @@ class Reply:
     kind of rejection, beside `error`, the message that names the cause.
 
     Accepted (`ok`): `input_ids` (int64, expanded), `offsets` (inclusive, per image), `items`,
-    `positions` (int64 [3, L] M-RoPE) and `delta`. Every array is a read-only view into shared
+    `positions` (int64 [3, L] M-RoPE) and `delta`, both None for a family with plain 1-D positions,
+    and `family`, which produced it (what `to_sglang` asks). Every array is a read-only view into shared
     memory that stays valid until `release()` (or the end of a `with reply:` block); after that the
     worker may reuse the memory, so copy anything you keep. Or, for views handed on to code that
     drops them later, `release_on_drop()`: the memory goes back once nothing sees it any more.
@@ -57,7 +59,8 @@ class Reply:
     busy_ms: float = 0.0  # time the worker spent on it
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released
-    token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ...
+    token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ... (the family's)
+    family: Family | None = field(default=None, repr=False)
     _lease: Lease | None = field(default=None, repr=False)
 
     @property
@@ -120,22 +123,27 @@ class Reply:
 def to_sglang(reply: Reply) -> dict[str, Any]:
     """SGLang's processor-output dict for an accepted reply, built from views (no copy, no torch).
 
-    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts; `im_token_id`, `im_start_id`,
-    `im_end_id`, `video_token_id` come from the spec (those it names); `mrope_positions` is the
-    int64 [3, L] view and `mrope_position_delta` an int64 [[delta]] array (SGLang's scheduler-side
-    code wraps them with torch.from_numpy, which is zero-copy too). Hashes are plain Python ints:
-    SGLang calls `.to_bytes` on them.
+    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts: the family's `modality`, and
+    its `model_data` of each item's aux views as `model_specific_data`; the family's `token_ids`
+    (`im_token_id`, `im_start_id`, ... those its spec names) sit beside them. For an M-RoPE family
+    `mrope_positions` is the int64 [3, L] view and `mrope_position_delta` an int64 [[delta]] array
+    (SGLang's scheduler-side code wraps them with torch.from_numpy, which is zero-copy too); a family
+    with 1-D positions has neither. Hashes are plain Python ints: SGLang calls `.to_bytes` on them.
+    UsageError for a rejected reply, or one the pool did not make (it names no family).
     """
     if not reply.ok:
-        raise ValueError(f"request {reply.request_id!r} was rejected: {reply.error}")
+        raise UsageError(f"to_sglang: request {reply.request_id!r} was rejected: {reply.error}")
+    family = reply.family
+    if family is None:
+        raise UsageError(f"to_sglang: reply {reply.request_id!r} names no family (not a pool's reply)")
+    modality, model_data = family.modality, family.model_data
     items = []
     for item, (start, end) in zip(reply.items, reply.offsets, strict=True):
-        grid = item.aux.get("image_grid_thw")
         items.append(
             {
-                "modality": "IMAGE",
+                "modality": modality,
                 "feature": item.feature,
-                "model_specific_data": {"image_grid_thw": np.asarray(grid, np.int64).reshape(1, 3)},
+                "model_specific_data": model_data(item.aux),
                 "hash": int(item.hash),
                 "offsets": [(int(start), int(end))],
             }

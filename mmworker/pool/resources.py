@@ -88,7 +88,9 @@ class PoolResources:
         env = tuned_environ()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         command = [sys.executable, "-m", module, json.dumps(args)]
-        proc = subprocess.Popen(command, env=env, close_fds=True, pass_fds=pass_fds)
+        # Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group) must reach
+        # only the embedding process, which decides when children stop; they die with it anyway.
+        proc = subprocess.Popen(command, env=env, close_fds=True, pass_fds=pass_fds, process_group=0)
         # Reaped children (replaced after a crash) are dropped, so restarts do not pile up Popen objects.
         for gone in [p for p in self.pidfds if p.returncode is not None]:
             fd = self.pidfds.pop(gone)

@@ -1,26 +1,30 @@
 """A CPU worker process: pinned to one core, one compute thread, runs driver.process into its own ring.
 
 Started by the pool as `python -m mmworker.pool.worker '<json>'` (a fresh interpreter: never a fork
-of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON):
+of the client, which may have initialised CUDA; nothing is pickled, the arguments are JSON, every
+setting given: the defaults live in PoolConfig only):
 
     {"inbox_fd": fd, "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
-     "ring": name, "cores": [c] | null, "spec": {...}, "parent": pid, "image_cpu_s": s,
+     "ring": name, "cores": [c] | null, "nice": n, "sched": "idle" | "normal",
+     "spec": {..., "family": "module:Class"}, "parent": pid, "image_cpu_s": s,
      "memory_wait_s": s, "probe": [address, hex] | null}
 
-Jobs, releases and Stop arrive in its inbox (`inbox_fd`, ipc.inbox); Hello and each job's answer
+Jobs and releases arrive in its inbox (`inbox_fd`, ipc.inbox); Hello and each job's answer
 go back through `results_fd` (ipc.results). Neither uses ZeroMQ, so the process has exactly one
 thread. A job's input bytes are copied straight out of the client's own memory (ipc.peer_memory),
 if the client asked for that with a probe (its address and bytes) and the probe read back, which
 its Hello reports; else they are read in place from the client's request ring (`requests_fd`,
 read-only), or, when they did not fit there, from the one-off descriptor that came with the Job.
 
-Life: die with the parent -> pin -> load the family and its kernels (cached numba machine code) on
-a tiny image -> map the ring -> try the probe -> Hello -> then one job at a time:
+Life: die with the parent -> pin -> load the family (the spec names its class's import path, so a
+family registered in the client at run time loads here too) and its kernels (cached numba machine
+code) on its warm-up images -> map the ring -> try the probe -> Hello -> then one job at a time:
 
     Job(rid, inputs = places of [input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
       -> driver.process(family, MmInput, alloc=ring allocator)
-      -> Done(tensors: input_ids, positions, feature.<i>; meta: offsets, grids, hashes, delta;
+      -> Done(tensors and meta named as mmworker.pool.naming says: input_ids, positions (M-RoPE
+              families only), each item's feature and aux tensors; offsets, hashes, delta;
               busy_ms and started: when the job began on this host's monotonic clock)
       or Failed(reason, kind), on the results channel; the job's allocations are freed on every failure path.
 
@@ -44,12 +48,13 @@ from ipc.peer_memory import PeerMemory
 from ipc.results import ResultSender
 from ipc.ring import Allocation, RingReader, RingWriter
 from ipc.segment import Segment
-from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, Stop, TensorDesc
+from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, TensorDesc
 from mmworker.common import jpeg_planes
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
 from mmworker.errors import BudgetExceeded, MmError, Outcome
 from mmworker.pipeline import MRope
+from mmworker.pool import naming
 from mmworker.pool.child import run_child
 from mmworker.pool.cpu_budget import CpuBudget
 from mmworker.pool.protocol import KIND_BYTES, REQUEST_RING
@@ -59,13 +64,13 @@ log = logging.getLogger("mmworker.worker")
 
 
 class Worker:
-    """One worker's state: its family, ring, channel; `serve` runs until Stop or parent death."""
+    """One worker's state: its family, ring, channel; `serve` runs until its inbox closes, SIGTERM or parent death."""
 
     def __init__(self, args: dict) -> None:
         self.started = time.monotonic()
         self.id = int(args["worker"])
-        self.image_cpu_s = float(args.get("image_cpu_s", 30.0))
-        self.memory_wait_s = float(args.get("memory_wait_s", 5.0))
+        self.image_cpu_s = float(args["image_cpu_s"])
+        self.memory_wait_s = float(args["memory_wait_s"])
         self.budget = CpuBudget()
         self.family = pipeline_from_spec(args["spec"])
         self._warm_up()
@@ -77,8 +82,7 @@ class Worker:
         identity = f"w{self.id}.{args['incarnation']}".encode()
         self.results = ResultSender(int(args["results_fd"]), identity)
         self.inbox = InboxReader(int(args["inbox_fd"]))
-        self.stopping = False
-        self.client_memory = self._client_memory(int(args["parent"]), args.get("probe"))
+        self.client_memory = self._client_memory(int(args["parent"]), args["probe"])
         ready_ms = (time.monotonic() - self.started) * 1e3
         hello = Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms,
                       reads_in_place=self.client_memory is not None)  # fmt: skip
@@ -97,17 +101,17 @@ class Worker:
         return memory
 
     def _warm_up(self) -> None:
-        # Loads every kernel a request touches (from numba's on-disk cache after the first run),
-        # so the first real request does not pay for it: a PNG, and a JPEG whose width narrows
-        # under every bundled spec (1124 is 4 past a multiple of 28 and of 32: mmworker.common.aten_horizontal).
-        images = [encode(photo_like(64, 48, seed=0), "PNG"), encode(photo_like(1124, 224, seed=0), "JPEG")]
-        token = getattr(getattr(self.family, "spec", None), "image_token_id", 0)
-        process(self.family, MmInput([token, token], images))
+        # Loads every kernel a request touches (from numba's on-disk cache after the first run), so
+        # the first real request does not pay for it: one request of the family's warm-up images,
+        # each standing in the prompt as the family's image prompt.
+        family = self.family
+        images = [encode(photo_like(width, height, seed=0), fmt) for width, height, fmt in family.warm_up_images()]
+        process(family, MmInput([token for _ in images for token in family.image_prompt()], images))
         # Large 4:2:0 JPEGs go through TurboJPEG's planes, which no image this small reaches.
         jpeg_planes.load()
 
     def serve(self) -> None:
-        while not self.stopping:
+        while True:
             try:
                 got = self.inbox.recv(-1)
             except ChannelClosed:  # the client closed its end: nothing more will come
@@ -128,8 +132,6 @@ class Worker:
     def _control(self, message) -> None:
         if isinstance(message, Release):
             self._free_released(message.allocations)
-        elif isinstance(message, Stop):
-            self.stopping = True
 
     def _wait_for_space(self, seconds: float) -> None:
         got = self.inbox.recv(int(min(seconds, 0.1) * 1000))
@@ -237,15 +239,15 @@ class Worker:
             for kind, buffer in zip(kinds, buffers[1:], strict=True)
         ]
         out = process(self.family, MmInput(ids, sources), alloc=alloc)
-        tensors = {"input_ids": self._store(out.input_ids, alloc, allocations)}
-        meta: dict = {"offsets": [list(o) for o in out.offsets], "hashes": [i.hash for i in out.items]}
-        if isinstance(out.positions, MRope):
-            tensors["positions"] = self._store(out.positions.positions, alloc, allocations)
-            meta["delta"] = out.positions.delta
+        tensors = {naming.INPUT_IDS: self._store(out.input_ids, alloc, allocations)}
+        meta: dict = {naming.OFFSETS: [list(o) for o in out.offsets], naming.HASHES: [i.hash for i in out.items]}
+        if isinstance(out.positions, MRope):  # 1-D positions: nothing to send, the scheduler uses an arange
+            tensors[naming.POSITIONS] = self._store(out.positions.positions, alloc, allocations)
+            meta[naming.DELTA] = out.positions.delta
         for i, item in enumerate(out.items):
-            tensors[f"feature.{i}"] = self._desc(item.feature, allocations)
-            for name, value in item.aux.items():  # small int64 tensors (the grid): views on the client too
-                tensors[f"aux.{i}.{name}"] = self._store(np.asarray(value, np.int64).reshape(-1), alloc, allocations)
+            tensors[naming.feature_name(i)] = self._desc(item.feature, allocations)
+            for name, value in item.aux.items():  # small tensors (a grid, a size): views on the client too
+                tensors[naming.aux_name(i, name)] = self._store(np.ascontiguousarray(value), alloc, allocations)
         return Done(job.rid, tensors, meta, (time.monotonic() - t0) * 1e3, started=t0)
 
     def _store(self, array: np.ndarray, alloc, allocations) -> TensorDesc:

@@ -27,7 +27,8 @@ the image and the cause); a full queue or full shared memory raises `PoolBusy` (
 SGLang's OpenAI and native endpoints); anything else the pool reports (a worker crashed, a deadline)
 raises `PoolFailure` (500). The pool keeps serving after any of them. A request the workers find
 outside what mmworker reproduces (an image format it does not decode, say) is handed to SGLang's
-own path instead of failing.
+own path instead of failing. The pool's UsageError (it was used after `shutdown()`) is a bug here,
+not a request's fault: a RuntimeError, it reaches SGLang as one, which answers 500.
 """
 
 import dataclasses

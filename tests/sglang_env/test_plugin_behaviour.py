@@ -30,7 +30,7 @@ from plugin_env import (
     run,
     server_args,
 )
-from processes import ended, segments_of
+from processes import all_end_within, ended, line_within, segments_of
 from sglang.srt.utils import ImageData
 from test_plugin_parity import assert_same
 
@@ -286,15 +286,6 @@ def _child(tmp_path, kwargs: dict, construct: dict, mode: str) -> subprocess.Pop
     )  # fmt: skip
 
 
-def _gone(pids, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(ended(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_scheduler_role_starts_nothing(tmp_path):
     """With skip_mm_pool=True (the scheduler's M-RoPE-only instance): no process, no shared memory."""
     proc = _child(tmp_path, {}, {"skip_mm_pool": True}, "exit")
@@ -310,13 +301,12 @@ def test_normal_exit_and_sigkill_leave_nothing(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     workers = json.loads(out.strip().splitlines()[-1])["workers"]
-    assert len(workers) >= 2 and _gone(workers), "workers outlived a normal exit"
+    assert len(workers) >= 2 and all_end_within(workers, 10.0), "workers outlived a normal exit"
     assert not segments_of(proc.pid), "a shared-memory segment outlived a normal exit"
     proc = _child(tmp_path, {}, {}, "wait")
-    line = proc.stdout.readline()
-    workers = json.loads(line)["workers"]
+    workers = json.loads(line_within(proc.stdout, 300, "the child's report"))["workers"]
     assert not any(ended(p) for p in workers)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    assert _gone(workers), "workers outlived a SIGKILL of the serving process"
+    assert all_end_within(workers, 10.0), "workers outlived a SIGKILL of the serving process"
     assert not segments_of(proc.pid), "a shared-memory segment outlived a SIGKILL"

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import plugin_env as env
 
@@ -52,6 +53,17 @@ def model_dir() -> str:
     return path
 
 
+async def shm_held_once_released(pool, timeout: float) -> int | None:
+    """The pool's shared memory held by replies, once that is 0 or `timeout` has passed (None
+    without a pool: SGLang's built-in processor). The loop keeps running meanwhile."""
+    if pool is None:
+        return None
+    deadline = time.monotonic() + timeout
+    while (held := pool.stats().shm_held_bytes) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return held
+
+
 async def main(out_path: str) -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
@@ -80,9 +92,9 @@ async def main(out_path: str) -> None:
         await tm._send_one_request(tokenized)
         del tokenized
         # The loop runs on as SGLang's does (no collection forced, no poll by hand): the drop of the
-        # last tensor posts the release, and the pool's reader on the loop applies it.
-        await asyncio.sleep(0.05)
-        held = processor._pool.stats().shm_held_bytes if getattr(processor, "_pool", None) else None
+        # last tensor posts the release, and the pool's reader on the loop applies it. Wait for
+        # that up to a deadline; what is still held then is recorded (the test expects none).
+        held = await shm_held_once_released(getattr(processor, "_pool", None), 10.0)
         received = await asyncio.wait_for(asyncio.to_thread(sock_recv, scheduler), 60)
         assert isinstance(received, TokenizedGenerateReqInput), type(received)
         received.unwrap_pickle_fields()

@@ -1,0 +1,50 @@
+"""The names inside a worker's Done (tensors, meta keys): the worker names them, the client reads them back.
+
+    tensors  "input_ids"          int64 [L], the expanded prompt
+             "positions"          the family's M-RoPE positions (absent under 1-D positions)
+             "feature.<i>"        item i's feature, in whatever dtype and shape its family makes it
+             "aux.<i>.<name>"     item i's aux tensor <name> (e.g. a patch grid), dtype and shape kept
+    meta     "offsets"            [[start, end], ...] inclusive, per item
+             "hashes"             [int, ...] per item
+             "delta"              the M-RoPE position delta (absent under 1-D positions)
+
+Every tensor lies in the worker's ring, so on the client each is a view; `unpack` sorts them by role.
+"""
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+INPUT_IDS = "input_ids"
+POSITIONS = "positions"
+_FEATURE = "feature."
+_AUX = "aux."
+
+OFFSETS = "offsets"
+HASHES = "hashes"
+DELTA = "delta"
+
+T = TypeVar("T")
+
+
+def feature_name(item: int) -> str:
+    return f"{_FEATURE}{item}"
+
+
+def aux_name(item: int, name: str) -> str:
+    return f"{_AUX}{item}.{name}"
+
+
+def unpack(tensors: Mapping[str, T], items: int) -> tuple[T, T | None, list[T], list[dict[str, T]]]:
+    """(input_ids, positions or None, each item's feature, each item's aux tensors by name) of a Done
+    with `items` items. KeyError if a tensor is missing, IndexError or ValueError if a name points
+    at an item the request lacks or is malformed: what a worker sends is checked, never trusted."""
+    auxes: list[dict[str, T]] = [{} for _ in range(items)]
+    for name, tensor in tensors.items():
+        if name.startswith(_AUX):
+            _, item, key = name.split(".", 2)
+            index = int(item)
+            if index < 0:  # a list would take it from the end
+                raise IndexError(f"tensor {name!r}: no item {index}")
+            auxes[index][key] = tensor
+    features = [tensors[f"{_FEATURE}{i}"] for i in range(items)]
+    return tensors[INPUT_IDS], tensors.get(POSITIONS), features, auxes
