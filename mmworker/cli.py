@@ -1,14 +1,95 @@
-"""The `mmworker` command line: argument parsing and dispatch to the subcommands."""
+"""The `mmworker` command line: argument parsing, the checks every subcommand shares, and dispatch.
+
+A mistake on the command line (a missing file, a value that is not a number, an output directory
+that does not exist) ends in one line on stderr, "mmworker: error: ...", and exit status 2, found
+before any work starts; Ctrl-C ends a command with status 130 (the load test first prints what it
+measured). Errors in the requests themselves are reported the same way (one line, status 2).
+"""
 
 import argparse
+import json
 import os
 import sys
 import time
 from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mmworker.errors import MmError
 
+if TYPE_CHECKING:  # the families pull in numba: `mmworker --version` need not wait for it
+    from mmworker.pipeline import Family
+
 SAMPLE_IMAGE = "sample.jpg"
+# The exit status of a command stopped by SIGINT (128 + 2), as shells report it.
+EXIT_INTERRUPTED = 130
+# Sources the media layer reads as they are; anything else on a command line may be a relative path.
+_AS_GIVEN = ("http://", "https://", "file://", "data:", "/")
+
+
+def image_source(index: int, text: str) -> str:
+    """A command-line image argument as a source the media layer takes.
+
+    The library reads anything that is not a URL or an absolute path as base64 (sglang-mm's rule),
+    so a relative path would fail as "base64 decode: Invalid symbol ..." On a command line a
+    relative path is what a user means: an existing file becomes its absolute path, and an argument
+    that is neither a file nor valid base64 is reported as the missing file it names.
+    """
+    if text.startswith(_AS_GIVEN):
+        return text
+    if os.path.exists(text):
+        return os.path.abspath(text)
+    from mmworker.common.inline import base64_decode
+
+    try:
+        base64_decode(text.strip())
+    except MmError:
+        raise MmError(f"image {index}: media fetch: {text}: No such file or directory") from None
+    return text
+
+
+def read_spec_file(path: str) -> dict:
+    """The JSON object in a `--spec` file. A missing file, or one that holds no JSON object, is the
+    user's mistake, named as such (never read as a bundled spec's name)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise MmError(f"--spec {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MmError(f"--spec {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MmError(f"--spec {path}: not a JSON spec ({exc})") from None
+    if not isinstance(spec, dict):
+        raise MmError(f"--spec {path}: not a JSON spec (a JSON object is expected, not {type(spec).__name__})")
+    return spec
+
+
+def family_from_args(args: argparse.Namespace) -> "Family":
+    """The family `--spec FILE` or `--family NAME` asks for."""
+    from mmworker.registry import pipeline_from_spec
+
+    if not args.spec:
+        return pipeline_from_spec(args.family)
+    spec = read_spec_file(args.spec)
+    try:
+        return pipeline_from_spec(spec)
+    except MmError as exc:
+        raise MmError(f"--spec {args.spec}: {exc}") from exc
+
+
+def writable_file(option: str, path: str) -> None:
+    """Refuse an output path the run could not write at its end: checked before the run, so that a
+    typo does not cost the run's report."""
+    target = Path(path)
+    parent = target.parent
+    if target.is_dir():
+        raise MmError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise MmError(f"{option} {path}: no such directory: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise MmError(f"{option} {path}: not writable")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -24,7 +105,7 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         label = args.source
         t0 = time.perf_counter()
-        data = fetch_bytes(args.source)
+        data = fetch_bytes(image_source(0, args.source))
         print(f"fetched {len(data)} bytes in {(time.perf_counter() - t0) * 1e3:.2f} ms")
 
     def timed(fn):
@@ -48,29 +129,24 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _process(args: argparse.Namespace) -> int:
     """Run one request through the driver and describe what the scheduler would receive."""
-    from pathlib import Path
-
     from mmworker.driver import MmInput, process
-    from mmworker.registry import pipeline_from_spec
+    from mmworker.pipeline import MRope
 
-    family = pipeline_from_spec(Path(args.spec).read_text() if args.spec else args.family)
-    token = family.spec.image_token_id
-    ids = args.prompt_ids if args.prompt_ids is not None else [token] * len(args.sources)
-    # The library treats anything that is not a URL or an absolute path as base64 (the crate's
-    # rule); on a command line a relative path to an existing file is what the user means.
-    sources = [os.path.abspath(s) if os.path.isfile(s) else s for s in args.sources]
+    family = family_from_args(args)
+    sources = [image_source(i, s) for i, s in enumerate(args.sources)]
+    # By default the prompt is the family's tokens for one image, once per image.
+    ids = args.prompt_ids if args.prompt_ids is not None else list(family.image_prompt()) * len(sources)
     t0 = time.perf_counter()
     out = process(family, MmInput(ids, sources))
     elapsed = (time.perf_counter() - t0) * 1e3
-    spec = family.spec
-    pillow = f" (stock Pillow {spec.pillow}'s BICUBIC)" if spec.resample == "pil" else ""
-    print(f"family {family.name} ({args.spec or args.family}), resample {spec.resample}{pillow}")
+    print(f"spec {args.spec or args.family}: {family.describe()}")
     for i, (item, offsets) in enumerate(zip(out.items, out.offsets, strict=True)):
         g = item.geometry
-        print(f"image {i}: grid {g.t}x{g.h}x{g.w}, {offsets[1] - offsets[0] + 1} tokens at {offsets}, "
+        grid = f"grid {g.t}x{g.h}x{g.w}, " if g is not None else ""
+        print(f"image {i}: {grid}{offsets[1] - offsets[0] + 1} tokens at {offsets}, "
               f"hash {item.hash:#018x}, feature {item.feature.dtype}{list(item.feature.shape)}")  # fmt: skip
-    delta = getattr(out.positions, "delta", None)
-    print(f"prompt {len(ids)} -> {len(out.input_ids)} token(s), mrope delta {delta}, {elapsed:.1f} ms")
+    positions = f"M-RoPE delta {out.positions.delta}" if isinstance(out.positions, MRope) else "1-D positions"
+    print(f"prompt {len(ids)} -> {len(out.input_ids)} token(s), {positions}, {elapsed:.1f} ms")
     return 0
 
 
@@ -96,11 +172,12 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from mmworker.loadtest.app import run
+    from mmworker.loadtest.app import check, run
     from mmworker.runtime import reexec_tuned
 
+    options = check(args)  # a mistake is reported before the re-execution below costs a second start
     reexec_tuned()  # the in-process comparisons must run under the workers' allocator settings
-    return run(args)
+    return run(args, options)
 
 
 def _int_list(text: str) -> list[int]:
@@ -110,8 +187,18 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas or spaces: {exc}") from exc
 
 
+def family_help() -> str:
+    """The --family option's help: the bundled spec names."""
+    from mmworker.registry import NAMED_SPECS
+
+    return f"bundled spec: {', '.join(NAMED_SPECS)} (default %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmworker", description="Qwen-VL image preprocessing for SGLang.")
+    from mmworker import __version__
+
+    parser = argparse.ArgumentParser(prog="mmworker", description="Image preprocessing for SGLang, as a worker pool.")
+    parser.add_argument("--version", action="version", version=f"mmworker {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="decode, hash and resize one image, with timings")
     demo.add_argument("source", nargs="?", help="image path, file:// or http(s) URL, data: URL or base64")
@@ -121,15 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
     proc = sub.add_parser("process", help="preprocess one request (images + prompt ids) and describe it")
     proc.add_argument("sources", nargs="+", metavar="IMAGE_OR_URL", help="path, URL, data: URL or base64")
     which = proc.add_mutually_exclusive_group()
-    which.add_argument("--family", default="qwen2_vl", help="bundled spec name (default qwen2_vl)")
-    which.add_argument("--spec", help="JSON spec file (keys of SGLang's qwen_vl spec)")
-    proc.add_argument("--prompt-ids", type=_int_list, help="prompt token ids (default: one placeholder per image)")
+    which.add_argument("--family", default="qwen2_vl", help=family_help())
+    which.add_argument("--spec", help='JSON spec file (a spec object, with its "family")')
+    proc.add_argument("--prompt-ids", type=_int_list,
+                      help="prompt token ids (default: the family's tokens for one image, once per image)")  # fmt: skip
     proc.set_defaults(run=_process)
 
     load = sub.add_parser(
         "loadtest",
         help="drive a worker pool with a realistic request mix and report throughput, latency and correctness",
         description="Start a WorkerPool, a built-in corpus and a local media server, drive the pool, and report.",
+        epilog="Exit status: 0 PASS, 1 FAIL (something lost, duplicated, corrupted or wrongly judged), 2 a mistake "
+        "in the options (found before anything starts), 130 Ctrl-C (after the report of what ran).",
     )
     from mmworker.loadtest.app import add_arguments
 
@@ -143,12 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command `argv` (default: sys.argv) asks for; returns its exit status: 0 done, 1 a
+    load test whose verdict is FAIL, 2 a mistake in the command or a rejected request, 130 Ctrl-C."""
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args)
     except MmError as exc:
         print(f"mmworker: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Commands without work to report (demo, process, plan) just stop; the load test handles
+        # SIGINT itself and reports what it measured.
+        print("mmworker: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

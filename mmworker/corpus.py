@@ -1,9 +1,9 @@
-"""Deterministic photo-like test images: the inputs of benchmarks, demos and (later) the load test.
+"""Deterministic photo-like test images: the inputs of benchmarks, tests and the load test's corpus.
 
 Flat colours and pure noise both mislead: codecs and resamplers behave differently on them than on
-photos. These images mix what photos have (measurements.md §7.1): smooth global gradients,
-texture at three scales (random fields upsampled bicubically), hard edges (translucent discs) and
-sensor-like noise. The same (size, seed) always gives the same pixels.
+photos. These images mix what photos have: smooth global gradients, texture at three scales (random
+fields upsampled bicubically), hard edges (translucent discs) and sensor-like noise. The same
+(size, seed) always gives the same pixels.
 """
 
 import io

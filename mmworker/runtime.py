@@ -4,15 +4,15 @@ They must be in the environment before the interpreter starts (glibc reads MALLO
 reads PILLOW_* at import, numba/BLAS read theirs at first use), so processes we start get them in
 their environment and a command-line entry point can re-execute itself with them.
 
-Why each one (measurements.md §6):
+Why each one:
 - MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_: large buffers come from a heap that is reused
   instead of fresh mmapped pages; page faults on fresh image-sized buffers cost more than SIMD saves.
 - PILLOW_BLOCK_SIZE: one memory block per image (up to 1 GiB), so decoded and resized images can
   be viewed in place (mmworker.common.pixels) instead of copied out twice.
 - PILLOW_BLOCKS_MAX=0: Pillow keeps no freed blocks of its own. They go back to the (untrimmed)
   heap, which reuses them just as well and for anything, numpy included: a freed decoded image's
-  memory can then hold the resized image and the output (peak RSS per image at 1080p: 1.61x ->
-  1.17x the output; Pillow's cache kept the resize's intermediate image out of the heap's reach).
+  memory can then hold the resized image and the output, where Pillow's own cache would keep the
+  resize's intermediate image out of the heap's reach and raise each image's peak memory.
 - *_NUM_THREADS = 1: concurrency comes from processes; no library may start a pool of its own.
 """
 

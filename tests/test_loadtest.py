@@ -1,4 +1,5 @@
-"""`mmworker loadtest`: option checks, a short real run, the report schema, --verify, sweep and open loop."""
+"""`mmworker loadtest`: option checks, a short real run, the report schema, --verify, sweep and open loop,
+and a family other than Qwen's."""
 
 import json
 import subprocess
@@ -9,8 +10,9 @@ from PIL import Image
 
 from mmworker.corpus import encode, photo_like
 
-REPORT_KEYS = {"version", "machine", "config", "duration_s", "measured_s", "requests", "throughput", "latency_ms",
-               "latency_parts_ms", "workers", "client", "shm", "rejects_by_reason", "verify", "restarts", "ok", "failures"}  # fmt: skip
+REPORT_KEYS = {"version", "machine", "config", "duration_s", "measured_s", "interrupted", "requests", "warmup_requests",
+               "throughput", "latency_ms", "latency_parts_ms", "workers", "client", "shm", "rejects_by_kind", "verify",
+               "restarts", "ok", "failures"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,8 @@ def loadtest(*args, timeout=240):
      (["--images-per-request", "70:1"], "counts must be 1..64"),
      (["--sources", "bytes,ftp"], "choose from bytes, data, base64, path, http"),
      (["--bad-fraction", "1.5"], "--bad-fraction must be within 0..1"),
-     (["--family", "llava"], "unknown named spec 'llava'")],
+     (["--family", "llava"], "unknown named spec 'llava'"),
+     (["--family", "inkling", "--max-pixels", "4096"], "spec inkling has no max_pixels to override")],
 )  # fmt: skip
 def test_bad_options_are_refused_before_anything_starts(args, message, corpus):
     result = loadtest("--corpus", str(corpus), *args, timeout=60)
@@ -51,9 +54,10 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
                       "--verify", "8", "--json", str(report), "--plot", str(png), "--compare-inline")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(report.read_text())
-    assert set(doc) >= REPORT_KEYS and doc["version"] == 1 and doc["ok"] is True
+    assert set(doc) >= REPORT_KEYS and doc["version"] == 2 and doc["ok"] is True and doc["interrupted"] is False
     r = doc["requests"]
     assert r["submitted"] == r["answered"] == 60 and r["lost"] == 0 and r["duplicated"] == 0
+    assert doc["warmup_requests"]["submitted"] == 0
     assert r["expected_bad"] > 0 and r["bad_accepted"] == 0 and r["bad_wrong_reason"] == 0 and r["good_rejected"] == 0
     assert doc["verify"] == {"checked": 8, "mismatches": 0}
     assert set(doc["latency_ms"]) == {"mean", "p50", "p90", "p99", "p99.9", "max"}
@@ -63,10 +67,14 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
     assert sum(part["mean"] for part in parts.values()) == pytest.approx(doc["latency_ms"]["mean"], rel=1e-9)
     assert doc["throughput"]["requests_per_s"] > 0 and doc["inline"]["pool_speedup"] > 0
     assert sum(w["requests"] for w in doc["workers"]) == r["accepted"]
-    assert sum(doc["rejects_by_reason"].values()) == r["rejected"]
+    assert sum(doc["rejects_by_kind"].values()) == r["rejected"] and set(doc["rejects_by_kind"]) == {"bad_input"}
     with Image.open(png) as image:
-        assert image.size == (1200, 500)
+        assert image.size == (1200, 520)
+        # Drawn on: the points (blue) and the CDF (red) are there, not only a frame.
+        colours = {colour for _, colour in image.getcolors(1 << 20)}
+        assert (31, 119, 180) in colours and (214, 39, 40) in colours
     assert "PASS" in result.stdout and "lost / duplicated" in result.stdout
+    assert f"wrote report to {report}\n" in result.stdout and f"wrote plot to {png}\n" in result.stdout
 
 
 def test_verify_catches_a_corrupted_reply(corpus, tmp_path):
@@ -90,6 +98,24 @@ def test_sweep_and_open_loop(corpus, tmp_path):
     assert "knee:" in result.stdout
 
 
+def test_inkling_family_and_warm_up_counted_apart(corpus, tmp_path):
+    # A family without M-RoPE, with uint16 features and another prompt: nothing in the load test is
+    # Qwen's. With a warm-up, the measured counts (the "requests" row) are those the figures are of.
+    report = tmp_path / "r.json"
+    result = loadtest("--corpus", str(corpus), "--family", "inkling", "--requests", "20", "--warmup", "1",
+                      "--workers", "1", "--verify", "5", "--json", str(report))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(report.read_text())
+    r, w = doc["requests"], doc["warmup_requests"]
+    assert r["submitted"] == r["answered"] == 20 and w["submitted"] == w["answered"] > 0
+    assert sum(worker["requests"] for worker in doc["workers"]) == r["accepted"]
+    assert sum(doc["rejects_by_kind"].values()) == r["rejected"]
+    assert doc["verify"] == {"checked": 5, "mismatches": 0} and doc["ok"] is True
+    assert doc["config"]["family"].startswith("inkling: patch 40") and doc["config"]["spec_name"] == "inkling"
+    assert "1 worker," in result.stdout and "1 workers" not in result.stdout
+    assert f"warm-up           │ {w['submitted']} more submitted" in result.stdout
+
+
 def test_memory_growth_is_reported_for_client_and_workers(capsys):
     # A run long enough for the soak's check (>= 3 min): the client stays flat, the workers grow 10%
     # in the last minute; the report must say so per side and in sum, and print it.
@@ -108,6 +134,7 @@ def test_memory_growth_is_reported_for_client_and_workers(capsys):
         pool_stats=SimpleNamespace(shm_peak_held_bytes=0, restarts=0),
         worker_pids=[],
         ring_mib=64,
+        verified=0,
         mismatches=[],
         inline=None,
     )

@@ -1,5 +1,5 @@
-"""The load test's tally: percentiles from its histograms against numpy's, the verdict counters, and
-memory that stays flat however many requests are answered."""
+"""The load test's tally: percentiles from its histograms against numpy's, the verdict counters (by
+reply kind), warm-up counted apart, and memory that stays flat however many requests are answered."""
 
 import math
 import tracemalloc
@@ -7,14 +7,25 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from mmworker.errors import Outcome
 from mmworker.loadtest.tally import LATENCY_PARTS, PERCENTILES, PLOT_SAMPLE, LogHistogram, Tally
+from mmworker.loadtest.workload import EXPECTED_REJECTION
 
-GOOD = {"kind": "good", "expected_error": None, "images": 1, "warmup": False, "error": None, "worker": 0}
+GOOD = {"kind": "good", "expected": None, "images": 1, "warmup": False, "error": None, "worker": 0}
+CORRUPT = {"kind": "corrupt", "expected": EXPECTED_REJECTION["corrupt"]}
+TOO_MANY = {"kind": "too_many", "expected": EXPECTED_REJECTION["too_many"]}
 
 
 def add_accepted(tally: Tally, latency: float, **overrides) -> None:
     parts = (latency * 0.1, latency * 0.2, latency * 0.6, latency * 0.1)
-    fields = {**GOOD, "ok": True, "answered_s": 1.0, "latency_ms": latency, "parts_ms": parts, **overrides}
+    fields = {**GOOD, "outcome": Outcome.ACCEPTED, "answered_s": 1.0, "latency_ms": latency, "parts_ms": parts,
+              **overrides}  # fmt: skip
+    tally.add(**fields)
+
+
+def add_rejected(tally: Tally, outcome: Outcome, error: str, **overrides) -> None:
+    fields = {**GOOD, "outcome": outcome, "error": error, "answered_s": 1.0, "latency_ms": 1.0, "parts_ms": (0.0,) * 4,
+              **overrides}  # fmt: skip
     tally.add(**fields)
 
 
@@ -43,31 +54,59 @@ def test_histogram_edges_empty_and_constant():
     assert zeros.summary()["p50"] == 0.0
 
 
-def test_verdict_counters():
+def test_verdict_counters_classify_by_reply_kind():
     tally = Tally()
-    for _ in range(6):
+    for _ in range(9):
         tally.submit(warmup=False)
     add_accepted(tally, 5.0)
-    add_accepted(tally, 7.0, kind="corrupt", expected_error="image decode")  # a bad request accepted
-    bad = {**GOOD, "ok": False, "answered_s": 1.0, "latency_ms": 1.0, "parts_ms": (0.0,) * 4}
-    tally.add(**{**bad, "kind": "corrupt", "expected_error": "image decode", "error": "image 0: image decode: x"})
-    tally.add(**{**bad, "kind": "corrupt", "expected_error": "image decode", "error": "worker crashed (worker 1)"})
-    tally.add(**{**bad, "kind": "too_many", "expected_error": "exceeds 64 media items", "error": "image 0: odd"})
-    assert tally.lost == 1 and tally.answered == 5 and tally.accepted == 2 and tally.rejected == 3
-    assert tally.expected_bad == 4 and tally.good_rejected == 0
-    assert (tally.bad_accepted_count, tally.bad_accepted) == (1, ["corrupt"])
-    assert (tally.bad_wrong_count, tally.bad_wrong) == (1, [("too_many", "image 0: odd")])  # a crash is excused
-    assert tally.rejects_by_reason == {"image decode": 1, "worker crashed": 1, "image N: odd": 1}
-    assert tally.measured_accepted == 2 and tally.per_worker == {0: 2}
+    add_accepted(tally, 7.0, **CORRUPT)  # a bad request accepted
+    add_rejected(tally, Outcome.BAD_INPUT, "image 0: image decode: x", **CORRUPT)  # as it should be
+    # Killed or out of time before its own check: excused, whatever the message says.
+    add_rejected(tally, Outcome.WORKER_CRASHED, "image decode: worker 1 crashed", **CORRUPT)
+    add_rejected(tally, Outcome.BAD_INPUT, "image 0: odd", **TOO_MANY)  # bad input, but not for its reason
+    # The right words under the wrong kind are wrong too: the kind classifies, not the text.
+    add_rejected(tally, Outcome.INTERNAL, "multimodal request exceeds 64 media items", **TOO_MANY)
+    add_rejected(tally, Outcome.QUEUE_FULL, "queue full")  # a good request the pool could not take
+    add_rejected(tally, Outcome.INTERNAL, "internal error: boom")
+    m = tally.measured
+    assert tally.total("lost") == m.lost == 1 and m.answered == 8 and m.accepted == 2 and m.rejected == 6
+    assert m.expected_bad == 5 and m.good_rejected == 2 and m.internal == 2
+    assert (m.bad_accepted, tally.bad_accepted) == (1, ["corrupt"])
+    assert m.bad_wrong_reason == 2
+    assert tally.bad_wrong == [("too_many", "bad_input: image 0: odd"),
+                               ("too_many", "internal: multimodal request exceeds 64 media items")]  # fmt: skip
+    assert tally.internal_errors == ["multimodal request exceeds 64 media items", "internal error: boom"]
+    assert m.rejects_by_kind == {"bad_input": 2, "worker_crashed": 1, "internal": 2, "queue_full": 1}
+    assert tally.warmup.as_dict() == {name: 0 for name in tally.warmup.as_dict()}
+    assert m.accepted == 2 and tally.per_worker == {0: 2}
     assert tally.latency.summary()["max"] == 7.0 and tally.parts["busy"].summary()["max"] == pytest.approx(4.2)
 
 
-def test_warm_up_answers_count_but_stay_out_of_the_figures():
+def test_warm_up_answers_are_counted_apart_and_stay_out_of_the_figures():
     tally = Tally()
     tally.submit(warmup=True)
+    tally.submit(warmup=True)
+    tally.submit(warmup=False)
     add_accepted(tally, 9.0, warmup=True)
-    assert tally.warmup == 1 and tally.accepted == 1 and tally.lost == 0
-    assert tally.measured_accepted == 0 and tally.latency.n == 0 and len(tally.plot_points) == 0
+    add_rejected(tally, Outcome.BAD_INPUT, "image 0: image decode: x", warmup=True, **CORRUPT)
+    add_accepted(tally, 4.0)
+    w, m = tally.warmup, tally.measured
+    assert (w.submitted, w.answered, w.accepted, w.rejected, w.expected_bad) == (2, 2, 1, 1, 1)
+    assert (m.submitted, m.answered, m.accepted, m.rejected, m.expected_bad) == (1, 1, 1, 0, 0)
+    assert w.rejects_by_kind == {"bad_input": 1} and m.rejects_by_kind == {}
+    assert tally.total("submitted") == 3 and tally.total("accepted") == 2 and tally.total("lost") == 0
+    assert tally.latency.n == 1 and len(tally.plot_points) == 1 and tally.per_worker == {0: 1}
+
+
+def test_abandoned_requests_are_not_lost():
+    tally = Tally()
+    for warmup in (True, False, False):
+        tally.submit(warmup=warmup)
+    add_accepted(tally, 3.0)
+    tally.abandon(warmup=True)
+    tally.abandon(warmup=False)
+    assert tally.total("lost") == 0 and tally.warmup.abandoned == 1 and tally.measured.abandoned == 1
+    assert tally.measured.as_dict()["lost"] == 0
 
 
 def test_memory_stays_flat_and_the_plot_sample_is_bounded_and_uniform():

@@ -1,9 +1,16 @@
 """The `mmworker loadtest` command: its options, the run sequence, and the exit status.
 
-Sequence: corpus -> media server (127.0.0.1, own process) -> for each worker count (one, or the
---sweep-workers list): pool -> load -> verify K sampled replies in process -> report. Exit 0 only
-if nothing was lost, duplicated or corrupted and every deliberately bad request was rejected for
-its reason; 1 otherwise; 2 for bad options.
+Sequence: check every option -> corpus (generated on first use, in a process of its own) -> media
+server (127.0.0.1, own process) -> for each worker count (one, or the --sweep-workers list): pool ->
+load -> verify K sampled replies in process -> report; then the JSON report and the plot.
+
+Every option is checked before anything starts (output paths writable, corpus present, list values
+valid, the spec readable): a mistake costs no run. Exit 0 only if nothing was lost, duplicated or
+corrupted and every deliberately bad request was rejected for its reason; 1 otherwise; 2 for bad
+options; 130 when Ctrl-C stopped the run, after the report of what ran.
+
+Nothing here knows a family: prompts come from `Family.image_prompt`, the description from
+`Family.describe`, and a spec's `max_pixels` is overridden only for specs that have one.
 """
 
 import argparse
@@ -12,22 +19,35 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from mmworker.cli import EXIT_INTERRUPTED, family_help, read_spec_file, writable_file
 from mmworker.driver import MmInput, process
 from mmworker.errors import MmError
 from mmworker.loadtest import corpus as corpus_mod
-from mmworker.loadtest.report import build_report, plot, print_report
-from mmworker.loadtest.runner import Runner, digest_parts
-from mmworker.loadtest.workload import DEFAULT_VISION_TOKENS, SOURCE_KINDS, Workload, parse_distribution
+from mmworker.loadtest.report import build_report, plot, plural, print_report
+from mmworker.loadtest.runner import Interrupt, Runner, digest_parts
+from mmworker.loadtest.workload import (
+    SOURCE_KINDS,
+    Workload,
+    check_bad_fraction,
+    parse_distribution,
+    parse_sources,
+)
+from mmworker.pipeline import Family
 from mmworker.pool import PoolConfig, WorkerPool
 from mmworker.registry import named_spec, pipeline_from_spec
+
+# The Hugging Face processors' default max_pixels, which serving uses unless a checkpoint sets one;
+# the bundled specs carry the checkpoints' own (larger) limits.
+DEFAULT_MAX_PIXELS = 1003520
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     load = p.add_argument_group("load")
     load.add_argument("--duration", type=float, help="seconds of measured load (default 10)")
-    load.add_argument("--requests", type=int, help="stop after this many requests instead")
+    load.add_argument("--requests", type=int, help="stop after this many requests (after the warm-up) instead")
     load.add_argument("--warmup", type=float, default=2.0, help="seconds of warm-up left out of the figures")
     load.add_argument("--concurrency", type=int, help="closed loop: requests in flight (default 2 per worker)")
     load.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second")
@@ -38,86 +58,195 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     work.add_argument("--bad-fraction", type=float, default=0.05, help="deliberately bad requests (default 0.05)")
     work.add_argument("--seed", type=int, default=0)
     pool = p.add_argument_group("pool")
-    pool.add_argument("--family", default="qwen2_vl", help="bundled spec (default qwen2_vl)")
-    pool.add_argument("--spec", help="JSON spec file instead of --family")
+    which = pool.add_mutually_exclusive_group()
+    which.add_argument("--family", default="qwen2_vl", help=family_help())
+    which.add_argument("--spec", help="JSON spec file instead of --family")
     pool.add_argument(
-        "--max-pixels", type=int, default=1003520,
-        help="override the spec's max_pixels (default 1003520, the HF processor default); 0 keeps it",
+        "--max-pixels", type=int,
+        help=f"override the spec's max_pixels, for specs that have one (default {DEFAULT_MAX_PIXELS}, the HF "
+             "processors' default); 0 keeps the spec's",
     )  # fmt: skip
     pool.add_argument("--config", help="pool configuration TOML (workers, cores, rings, ...)")
     pool.add_argument("--workers", type=int, help="worker count (overrides --config)")
-    pool.add_argument("--sweep-workers", help="comma-separated worker counts: one run each, then the knee")
+    pool.add_argument("--sweep-workers", help="comma-separated worker counts (each 1 or more): one run each, then "
+                                              "the knee")  # fmt: skip
     pool.add_argument("--kill-worker-every", type=float, help="chaos: SIGKILL a random worker every N seconds")
     out = p.add_argument_group("output")
     out.add_argument(
         "--verify", type=int, default=20, help="re-run K sampled accepted requests in process (default 20)"
     )
-    out.add_argument("--compare-inline", action="store_true", help="also run the requests in process on one core")
+    out.add_argument("--compare-inline", action="store_true",
+                     help="also run the requests in process on one core (closed loop only)")  # fmt: skip
     out.add_argument("--json", help="write the report here")
-    out.add_argument("--plot", help="write latency-over-time and histogram PNG here")
+    out.add_argument("--plot", help="write a PNG here: latency over time and the latency CDF")
     out.add_argument("--no-progress", action="store_true", help="no live progress display")
     out.add_argument("--corrupt-sample", action="store_true", help=argparse.SUPPRESS)  # tests: prove --verify bites
 
 
-def _check(args: argparse.Namespace) -> None:
-    if args.duration is not None and args.requests is not None:
-        raise MmError("loadtest: --duration and --requests are exclusive")
-    if args.concurrency is not None and args.rate is not None:
-        raise MmError("loadtest: --concurrency (closed loop) and --rate (open loop) are exclusive")
+@dataclass(frozen=True)
+class Options:
+    """The load test's options, checked and parsed."""
+
+    spec: dict
+    spec_name: str
+    family: Family
+    base_config: PoolConfig
+    counts: list[int | None]  # worker counts, one run each (None: the configuration's)
+    images_per_request: dict[int, float]
+    kinds: tuple[str, ...]
+    duration: float | None
+
+
+def _worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise MmError(f"loadtest: --sweep-workers {text!r}: expected worker counts separated by commas, "
+                      "e.g. 1,2,4") from None  # fmt: skip
+    if not counts or min(counts) < 1:
+        raise MmError(f"loadtest: --sweep-workers {text!r}: every worker count must be 1 or more")
+    return counts
+
+
+def _exclusive(args: argparse.Namespace) -> None:
+    pairs = (("duration", "requests", "--duration and --requests are exclusive"),
+             ("concurrency", "rate", "--concurrency (closed loop) and --rate (open loop) are exclusive"),
+             ("workers", "sweep_workers", "--workers and --sweep-workers are exclusive"),
+             ("compare_inline", "rate", "--compare-inline compares the pool's throughput with one core's; with "
+                                        "--rate the pool's is capped by the rate: leave one of them out"),
+             ("plot", "sweep_workers", "--plot draws one run: leave out --sweep-workers, or run one worker count "
+                                       "with --workers"))  # fmt: skip
+    for a, b, message in pairs:
+        if getattr(args, a) not in (None, False) and getattr(args, b) not in (None, False):
+            raise MmError(f"loadtest: {message}")
+
+
+def check(args: argparse.Namespace) -> Options:
+    """Every option checked and parsed, before anything starts: raises MmError naming the first
+    mistake."""
+    _exclusive(args)
     for name in ("duration", "rate", "kill_worker_every"):
         value = getattr(args, name)
         if value is not None and not value > 0:
-            raise MmError(f"loadtest: --{name} must be positive, got {value}")
+            raise MmError(f"loadtest: --{name.replace('_', '-')} must be positive, got {value}")
     for name in ("requests", "concurrency", "workers"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise MmError(f"loadtest: --{name} must be positive, got {value}")
     if args.warmup < 0 or args.verify < 0:
         raise MmError("loadtest: --warmup and --verify must not be negative")
+    if args.max_pixels is not None and args.max_pixels < 0:
+        raise MmError(f"loadtest: --max-pixels must not be negative, got {args.max_pixels}")
+    counts: list[int | None] = _worker_counts(args.sweep_workers) if args.sweep_workers else [args.workers]
+    images_per_request = parse_distribution(args.images_per_request)
+    kinds = parse_sources(args.sources)
+    check_bad_fraction(args.bad_fraction)
+    for option in ("json", "plot"):
+        if getattr(args, option):
+            writable_file(f"--{option}", getattr(args, option))
+    if args.corpus and not Path(args.corpus).is_dir():
+        what = "not a directory" if Path(args.corpus).exists() else "no such directory"
+        raise MmError(f"loadtest: --corpus {args.corpus}: {what}")
+    spec, spec_name = _spec(args)
+    try:
+        family = pipeline_from_spec(spec)
+    except MmError as exc:
+        raise MmError(f"loadtest: {'--spec ' + args.spec if args.spec else 'spec ' + spec_name}: {exc}") from exc
+    base_config = PoolConfig.from_any(args.config)
+    for count in counts:  # a worker count this machine cannot place fails now, not after earlier runs
+        _pool_config(base_config, count, {}).plan()
+    duration = args.duration if args.duration is not None or args.requests is not None else 10.0
+    return Options(spec, spec_name, family, base_config, counts, images_per_request, kinds, duration)
 
 
 def _spec(args: argparse.Namespace) -> tuple[dict, str]:
-    if args.spec:
-        try:
-            spec, name = json.loads(Path(args.spec).read_text()), args.spec
-        except (OSError, json.JSONDecodeError) as exc:
-            raise MmError(f"loadtest: --spec {args.spec}: {exc}") from exc
-    else:
-        spec, name = named_spec(args.family), args.family
-    if args.max_pixels:
+    spec, name = (read_spec_file(args.spec), args.spec) if args.spec else (named_spec(args.family), args.family)
+    if args.max_pixels is None:  # the default applies to specs that have the field
+        if "max_pixels" in spec:
+            spec["max_pixels"] = DEFAULT_MAX_PIXELS
+            name += f" (max_pixels {DEFAULT_MAX_PIXELS})"
+    elif args.max_pixels:
+        if "max_pixels" not in spec:
+            raise MmError(f"loadtest: --max-pixels: spec {name} has no max_pixels to override")
         spec["max_pixels"] = args.max_pixels
         name += f" (max_pixels {args.max_pixels})"
     return spec, name
 
 
+def _pool_config(base: PoolConfig, count: int | None, media: dict) -> PoolConfig:
+    overrides = {**({"media": media} if media else {}), **({"workers": count} if count else {})}
+    return PoolConfig.from_mapping({**vars(base), **overrides})
+
+
+def _tilde(path: Path) -> str:
+    home = os.path.expanduser("~")
+    text = str(path)
+    return "~" + text[len(home) :] if home != "/" and text.startswith(home + os.sep) else text
+
+
+def _default_corpus(seed: int, interrupt: Interrupt) -> Path | None:
+    """The built-in corpus's directory, generated first if need be (None: Ctrl-C stopped that)."""
+    directory = corpus_mod.default_dir(seed)
+    if corpus_mod.is_complete(directory):
+        return directory
+    print(f"generating the image corpus in {_tilde(directory)} (first run only)", flush=True)
+    # Its own process group: a terminal's Ctrl-C reaches this process only, which stops it.
+    proc = subprocess.Popen([sys.executable, "-m", "mmworker.loadtest.corpus", str(directory), str(seed)],
+                            process_group=0)  # fmt: skip
+    try:
+        while True:
+            try:
+                status = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if interrupt.requested:
+                    return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if status != 0:
+        raise MmError(f"loadtest: generating the corpus in {directory} failed (exit status {status})")
+    return directory
+
+
 def _start_media_server(directory: Path) -> tuple[subprocess.Popen, str]:
+    # Its own process group: a terminal's Ctrl-C reaches the load test, which stops the server.
     proc = subprocess.Popen([sys.executable, "-m", "mmworker.loadtest.mediaserver", str(directory), str(os.getpid())],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, text=True, process_group=0)  # fmt: skip
     port = proc.stdout.readline().strip()
     if not port.isdigit():
         proc.kill()
+        proc.wait()
+        proc.stdout.close()
         raise MmError("loadtest: the media server did not start")
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _verify(result, family) -> list[int]:
-    mismatches = []
+def _verify(result, family: Family, interrupt: Interrupt) -> tuple[int, list[int]]:
+    """Re-run the sampled requests in process: (how many were checked, the indices that differ)."""
+    checked, mismatches = 0, []
     for index, digest in sorted(result.verify.items()):
+        if interrupt.requested:
+            break
         spec = result.specs[index]
         out = process(family, MmInput(spec.input_ids, spec.sources))
         delta = getattr(out.positions, "delta", None)
         positions = getattr(out.positions, "positions", None)
         if digest_parts(out.input_ids, out.offsets, positions, delta, out.items) != digest:
             mismatches.append(index)
-    return mismatches
+        checked += 1
+    return checked, mismatches
 
 
-def _inline(result, family, budget_s: float, pool_rps: float) -> dict:
+def _inline(result, family: Family, budget_s: float, pool_rps: float, interrupt: Interrupt) -> dict:
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})  # one core, like one worker
     try:
         done, t0 = 0, time.monotonic()
         for spec in result.inline_specs:
+            if interrupt.requested:
+                break
             process(family, MmInput(spec.input_ids, spec.sources))
             done += 1
             if time.monotonic() - t0 > budget_s:
@@ -128,65 +257,95 @@ def _inline(result, family, budget_s: float, pool_rps: float) -> dict:
     return {"requests": done, "requests_per_s": rps, "pool_speedup": pool_rps / rps if rps else float("nan")}
 
 
-def run(args: argparse.Namespace) -> int:
-    _check(args)
-    spec, spec_name = _spec(args)
-    family = pipeline_from_spec(spec)
-    vision_tokens = (family.spec.vision_start_token_id or DEFAULT_VISION_TOKENS[0],
-                     family.spec.vision_end_token_id or DEFAULT_VISION_TOKENS[1])  # fmt: skip
-    images_per_request = parse_distribution(args.images_per_request)
-    kinds = tuple(k.strip() for k in args.sources.split(",") if k.strip())
-    directory = Path(args.corpus) if args.corpus else corpus_mod.build_default(args.seed)
+def run(args: argparse.Namespace, options: Options | None = None) -> int:
+    """The load test: options checked (unless `options` are those of `check(args)`), then the runs
+    and their reports; returns the exit status."""
+    options = options or check(args)
+    with Interrupt() as interrupt:
+        reports, plotted = _runs(args, options, interrupt)
+    if not reports:
+        print("mmworker: interrupted before the load started", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if len(reports) > 1:
+        _print_sweep(reports)
+    if args.json:
+        document = reports[0] if len(options.counts) == 1 else {"version": reports[0]["version"], "sweep": reports}
+        _write(args.json, lambda path: Path(path).write_text(json.dumps(document, indent=2, default=float)))
+        print(f"wrote report to {args.json}")
+    if args.plot and plotted is not None:
+        _write(args.plot, lambda path: plot(plotted, reports[0], path))
+        print(f"wrote plot to {args.plot}")
+    if interrupt.requested:
+        return EXIT_INTERRUPTED
+    return 0 if all(r["ok"] for r in reports) else 1
+
+
+def _write(path: str, write) -> None:
+    try:
+        write(path)
+    except OSError as exc:  # checked before the run; the file system may still fail now
+        raise MmError(f"loadtest: could not write {path}: {exc.strerror or exc}") from exc
+
+
+def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> tuple[list[dict], object]:
+    """One run per worker count, each reported as it ends; stops after a run Ctrl-C cut short.
+    Returns the reports and the single run's result (for the plot; None for a sweep)."""
+    if args.corpus:
+        directory = Path(args.corpus)
+    else:
+        directory = _default_corpus(args.seed, interrupt)
+        if directory is None:
+            return [], None
     images = corpus_mod.load(directory)
-    base_config = PoolConfig.from_any(args.config)
-    counts = [int(v) for v in args.sweep_workers.split(",")] if args.sweep_workers else [args.workers]
-    duration = args.duration if args.duration is not None or args.requests is not None else 10.0
+    family = options.family
     server, base_url = _start_media_server(directory)
-    reports = []
+    reports: list[dict] = []
+    result = None
     try:
         # The load test's own media server and corpus are the only private sources it allows.
-        media = dict(base_config.media or {})
+        media = dict(options.base_config.media or {})
         media["allowed_networks"] = [*media.get("allowed_networks", []), "127.0.0.1/32"]
         media["allowed_local_roots"] = [*media.get("allowed_local_roots", []), str(directory.resolve())]
-        for count in counts:
-            overrides = {"media": media, **({"workers": count} if count else {})}
-            config = PoolConfig.from_mapping({**vars(base_config), **overrides})
-            with WorkerPool(spec, config) as pool:
+        for count in options.counts:
+            if interrupt.requested:
+                break
+            config = _pool_config(options.base_config, count, media)
+            with WorkerPool(options.spec, config) as pool:
+                if interrupt.requested:  # during the pool's start-up: nothing ran
+                    break
                 workers = len(pool.worker_pids())
-                workload = Workload(images, family.spec.image_token_id, images_per_request, kinds, args.bad_fraction,
-                                    base_url, args.seed, vision_tokens)  # fmt: skip
+                workload = Workload(images, family.image_prompt(), options.images_per_request, options.kinds,
+                                    args.bad_fraction, base_url, args.seed)  # fmt: skip
                 runner = Runner(pool, workload, verify=args.verify, seed=args.seed, corrupt_sample=args.corrupt_sample)
                 concurrency = None if args.rate else (args.concurrency or 2 * workers)
-                result = runner.run(concurrency=concurrency, rate=args.rate, duration=duration, requests=args.requests,
-                                    warmup_s=args.warmup, progress=not args.no_progress,
-                                    kill_every=args.kill_worker_every)  # fmt: skip
+                result = runner.run(concurrency=concurrency, rate=args.rate, duration=options.duration,
+                                    requests=args.requests, warmup_s=args.warmup, progress=not args.no_progress,
+                                    kill_every=args.kill_worker_every, interrupt=interrupt)  # fmt: skip
                 stats, pids = pool.stats(), pool.worker_pids()
-            mismatches = _verify(result, family)
-            pool_rps = result.tally.measured_accepted / max(1e-9, result.ended - result.measured_from)
-            inline = _inline(result, family, min(30.0, duration or 10.0), pool_rps) if args.compare_inline else None
+            checked, mismatches = _verify(result, family, interrupt)
+            pool_rps = result.tally.measured.accepted / max(1e-9, result.ended - result.measured_from)
+            inline = None
+            if args.compare_inline and not interrupt.requested:
+                inline = _inline(result, family, min(30.0, options.duration or 10.0), pool_rps, interrupt)
+            result.interrupted = interrupt.requested  # also by a Ctrl-C during the checks after the load
             config_doc = {
                 "mode": f"open loop {args.rate:g}/s" if args.rate else f"closed loop, {concurrency} in flight",
-                "workers": workers, "spec_name": spec_name, "spec": spec, "duration_s": duration,
-                "requests": args.requests, "warmup_s": args.warmup, "images_per_request": args.images_per_request,
-                "sources": list(kinds), "bad_fraction": args.bad_fraction, "seed": args.seed,
-                "corpus": str(directory), "corpus_images": len(images), "pool": vars(config),
+                "workers": workers, "spec_name": options.spec_name, "family": family.describe(),
+                "spec": options.spec, "duration_s": options.duration, "requests": args.requests,
+                "warmup_s": args.warmup, "images_per_request": args.images_per_request, "sources": list(options.kinds),
+                "bad_fraction": args.bad_fraction, "seed": args.seed, "corpus": str(directory),
+                "corpus_images": len(images), "pool": vars(config),
             }  # fmt: skip
             report = build_report(result, config=config_doc, pool_stats=stats, worker_pids=pids,
-                                  ring_mib=config.ring_mib, mismatches=mismatches, inline=inline)  # fmt: skip
+                                  ring_mib=config.ring_mib, verified=checked, mismatches=mismatches,
+                                  inline=inline)  # fmt: skip
             print_report(report)
-            if args.plot and len(counts) == 1:
-                plot(result, args.plot)
             reports.append(report)
     finally:
         server.kill()
         server.wait()
         server.stdout.close()
-    if len(counts) > 1:
-        _print_sweep(reports)
-    if args.json:
-        document = reports[0] if len(reports) == 1 else {"version": reports[0]["version"], "sweep": reports}
-        Path(args.json).write_text(json.dumps(document, indent=2, default=float))
-    return 0 if all(r["ok"] for r in reports) else 1
+    return reports, (result if len(options.counts) == 1 and reports else None)
 
 
 def _print_sweep(reports: list[dict]) -> None:
@@ -196,4 +355,5 @@ def _print_sweep(reports: list[dict]) -> None:
         print(f"{r['config']['workers']:7d}  {r['throughput']['requests_per_s']:10.1f}  "
               f"{r['throughput']['images_per_s']:8.1f}  {r['latency_ms']['p99']:6.1f}")  # fmt: skip
     knee = next(r for r in reports if r["throughput"]["requests_per_s"] >= 0.9 * best)
-    print(f"knee: {knee['config']['workers']} worker(s) reach 90% of the best throughput ({best:.1f} requests/s)")
+    workers = plural(knee["config"]["workers"], "worker")
+    print(f"knee: 90% of the best throughput ({best:.1f} requests/s) from {workers} on")

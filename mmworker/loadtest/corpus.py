@@ -1,6 +1,13 @@
-"""The load test's images: a built-in deterministic corpus of real-world sizes, or a user's directory."""
+"""The load test's images: a built-in deterministic corpus of real-world sizes, or a user's directory.
+
+The built-in corpus is generated once per seed into the user's cache directory. The load test runs
+the generator in a process of its own (`python -m mmworker.loadtest.corpus DIRECTORY SEED`): the
+memory that generating full-size photos takes then never shows in the load test's own memory
+figures, which are about the pool's client, not about the corpus's making.
+"""
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,29 +49,46 @@ def cache_dir() -> Path:
     return Path(base) / "mmworker"
 
 
-def build_default(seed: int) -> Path:
-    """Write the default corpus for `seed` (once; later calls reuse the files) and return its directory."""
-    directory = cache_dir() / f"loadtest-corpus-v{CORPUS_VERSION}-seed{seed}"
+def default_dir(seed: int) -> Path:
+    """Where the built-in corpus for `seed` lives (complete once `is_complete` says so)."""
+    return cache_dir() / f"loadtest-corpus-v{CORPUS_VERSION}-seed{seed}"
+
+
+def is_complete(directory: Path) -> bool:
+    return (directory / ".complete").exists()
+
+
+def default_images() -> list[tuple[str, int, int, str]]:
+    """(file name, width, height, format) of each image of the built-in corpus, in the order built."""
+    images = []
+    for kind, w, h, fmt, count in DEFAULT_MIX:
+        for _ in range(count):
+            images.append((f"{kind}_{w}x{h}_{len(images) + 1:02d}.{_EXT[fmt]}", w, h, fmt))
+    return images
+
+
+def build(directory: Path, seed: int) -> Path:
+    """Write the built-in corpus for `seed` into `directory` (files already there are kept, so an
+    interrupted build resumes) and mark it complete; returns `directory`."""
     done = directory / ".complete"
     if done.exists():
         return directory
     directory.mkdir(parents=True, exist_ok=True)
-    k = 0
-    for kind, w, h, fmt, count in DEFAULT_MIX:
-        for _ in range(count):
-            k += 1
-            path = directory / f"{kind}_{w}x{h}_{k:02d}.{_EXT[fmt]}"
-            if not path.exists():
-                data = encode(photo_like(w, h, seed=seed * 1000 + k), fmt)
-                tmp = path.with_suffix(".part")
-                tmp.write_bytes(data)
-                tmp.rename(path)
+    for k, (name, w, h, fmt) in enumerate(default_images(), start=1):
+        path = directory / name
+        if not path.exists():
+            data = encode(photo_like(w, h, seed=seed * 1000 + k), fmt)
+            tmp = path.with_suffix(".part")
+            tmp.write_bytes(data)
+            tmp.rename(path)
     done.write_text("ok\n")
     return directory
 
 
 def load(directory: Path) -> list[CorpusImage]:
     """Every image in `directory` that mmworker accepts (by content, not extension), sorted by name."""
+    if not Path(directory).is_dir():
+        raise MmError(f"loadtest: --corpus {directory}: no such directory")
     images = []
     for path in sorted(Path(directory).iterdir()):
         if not path.is_file() or path.name.startswith("."):
@@ -78,3 +102,13 @@ def load(directory: Path) -> list[CorpusImage]:
     if not images:
         raise MmError(f"loadtest: no JPEG/PNG/WebP/GIF/BMP images in {directory}")
     return images
+
+
+def main(argv: list[str]) -> int:
+    """`python -m mmworker.loadtest.corpus DIRECTORY SEED`: build the corpus there."""
+    build(Path(argv[1]), int(argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

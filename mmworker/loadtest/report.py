@@ -1,11 +1,15 @@
 """The load test's report: figures from the tally, the terminal table, the JSON document, the plot, the verdict.
 
-JSON schema (version 1), all times in ms unless named *_s:
+JSON schema (version 2), all times in ms unless named *_s:
     machine {cpus, allowed_cpus, cpu_model, python, pillow, numpy, kernel}
-    config  {...the run's options...}
-    duration_s, measured_s
-    requests {submitted, answered, accepted, rejected, lost, duplicated, warmup, expected_bad,
-              bad_accepted, bad_wrong_reason, good_rejected}
+    config  {...the run's options..., family (its description)}
+    duration_s, measured_s, interrupted (Ctrl-C stopped the run: the figures are of what ran)
+    requests {submitted, answered, accepted, rejected, lost, abandoned, expected_bad, bad_accepted,
+              bad_wrong_reason, good_rejected, internal, duplicated}: the measured requests (those
+        submitted after the warm-up), the ones the throughput, latency and per-worker figures are
+        of; `duplicated` counts answers of the whole run; `abandoned`, those still in flight when
+        an interrupted run stopped waiting
+    warmup_requests {the same but duplicated, rejects_by_kind}: the requests submitted during the warm-up
     throughput {requests_per_s, images_per_s}
     latency_ms {mean, p50, p90, p99, p99.9, max} (percentiles within 0.05%: mmworker.loadtest.tally)
     latency_parts_ms {queued, to_worker, busy, returned: {mean, p50, ...}}: the latency of every
@@ -13,25 +17,33 @@ JSON schema (version 1), all times in ms unless named *_s:
     workers [{index, pid, cpu_utilisation, requests, images}]
     client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb (private), peak_rss_incl_shared_mb}
     shm {ring_mib, peak_held_mb}
-    rejects_by_reason {reason: count}
+    rejects_by_kind {Outcome value (mmworker.errors.Outcome): count} of the measured requests
     verify {checked, mismatches}
     restarts, chaos_kills
     rss_mb {samples [[s, MB]], peak, and for runs >= 3 min: second_minute_mean, last_minute_mean, growth_pct}
     inline (with --compare-inline) {requests, requests_per_s, pool_speedup}
-    ok, failures [...]
+    ok, failures [...]: the verdict's checks cover the warm-up requests too
+
+The plot is drawn with Pillow alone: matplotlib would pull in plain Pillow and replace pillow-simd.
 """
 
+import math
 import os
 import platform
 import resource
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from mmworker.loadtest.runner import RunResult
 from mmworker.loadtest.tally import LATENCY_PARTS
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 worker', '2 workers'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def machine_info() -> dict:
@@ -52,43 +64,41 @@ def machine_info() -> dict:
 
 
 def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: list[int], ring_mib: int,
-                 mismatches: list[int], inline: dict | None) -> dict:  # fmt: skip
+                 verified: int, mismatches: list[int], inline: dict | None) -> dict:  # fmt: skip
+    """The report (the module docstring's schema) of one run; `verified` replies were re-run in
+    process, `mismatches` lists the request indices whose results differed."""
     tally = result.tally
+    warmup, measured = tally.warmup, tally.measured
     measured_s = max(1e-9, result.ended - result.measured_from)
     wall = max(1e-9, result.ended - result.started)
     failures = []
-    if tally.lost:
-        failures.append(f"{tally.lost} request(s) lost (submitted, never answered)")
+    lost = tally.total("lost")
+    if lost:
+        failures.append(f"{lost} request(s) lost (submitted, never answered)")
     if result.duplicates:
         failures.append(f"{result.duplicates} duplicated answer(s)")
     if mismatches:
         failures.append(f"{len(mismatches)} verified request(s) differ from in-process results: {mismatches[:5]}")
-    if tally.bad_accepted_count:
-        failures.append(f"{tally.bad_accepted_count} expected-bad request(s) accepted: {tally.bad_accepted}")
-    if tally.bad_wrong_count:
-        failures.append(f"{tally.bad_wrong_count} bad request(s) rejected for the wrong reason: "
-                        f"{tally.bad_wrong[:3]}")  # fmt: skip
+    bad_accepted = warmup.bad_accepted + measured.bad_accepted
+    if bad_accepted:
+        failures.append(f"{bad_accepted} expected-bad request(s) accepted: {tally.bad_accepted}")
+    bad_wrong = warmup.bad_wrong_reason + measured.bad_wrong_reason
+    if bad_wrong:
+        failures.append(f"{bad_wrong} bad request(s) rejected for the wrong reason: {tally.bad_wrong[:3]}")
+    internal = warmup.internal + measured.internal
+    if internal:
+        failures.append(f"{internal} request(s) failed with an internal error: {tally.internal_errors[:3]}")
     report = {
         "version": REPORT_VERSION,
         "machine": machine_info(),
         "config": config,
         "duration_s": wall,
         "measured_s": measured_s,
-        "requests": {
-            "submitted": tally.submitted,
-            "answered": tally.answered,
-            "accepted": tally.accepted,
-            "rejected": tally.rejected,
-            "lost": tally.lost,
-            "duplicated": result.duplicates,
-            "warmup": tally.warmup,
-            "expected_bad": tally.expected_bad,
-            "bad_accepted": tally.bad_accepted_count,
-            "bad_wrong_reason": tally.bad_wrong_count,
-            "good_rejected": tally.good_rejected,
-        },
+        "interrupted": result.interrupted,
+        "requests": {**measured.as_dict(), "duplicated": result.duplicates},
+        "warmup_requests": {**warmup.as_dict(), "rejects_by_kind": dict(warmup.rejects_by_kind.most_common())},
         "throughput": {
-            "requests_per_s": tally.measured_accepted / measured_s,
+            "requests_per_s": measured.accepted / measured_s,
             "images_per_s": tally.measured_images / measured_s,
         },
         "latency_ms": tally.latency.summary(),
@@ -105,14 +115,15 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
         ],
         "client": {
             "cpu_utilisation": result.cpu_s / wall,
-            "cpu_ms_per_request": result.cpu_s / max(1, tally.answered) * 1e3,
+            # Per answered request, warm-up included: so is the warm-up's CPU time in cpu_s.
+            "cpu_ms_per_request": result.cpu_s / max(1, tally.total("answered")) * 1e3,
             # Private memory (RssAnon); ru_maxrss would also count the mapped rings' shared pages.
             "peak_rss_mb": max((c for _, c, _ in result.rss), default=0.0),
             "peak_rss_incl_shared_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         },
         "shm": {"ring_mib": ring_mib, "peak_held_mb": pool_stats.shm_peak_held_bytes / 2**20},
-        "rejects_by_reason": dict(tally.rejects_by_reason.most_common()),
-        "verify": {"checked": len(result.verify), "mismatches": len(mismatches)},
+        "rejects_by_kind": dict(measured.rejects_by_kind.most_common()),
+        "verify": {"checked": verified, "mismatches": len(mismatches)},
         "restarts": pool_stats.restarts,
         "chaos_kills": result.kills,
         "rss_mb": _rss_summary(result),
@@ -150,6 +161,7 @@ def _rss_summary(result: RunResult) -> dict:
 
 def print_report(report: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -159,7 +171,9 @@ def print_report(report: dict) -> None:
     table.add_column()
     cfg = report["config"]
     table.add_row("run", f"{cfg['mode']}, {report['measured_s']:.1f} s measured (+{cfg['warmup_s']:g} s warm-up), "
-                         f"{cfg['workers']} workers, spec {cfg['spec_name']}")  # fmt: skip
+                         f"{plural(cfg['workers'], 'worker')}, spec {cfg['spec_name']}")  # fmt: skip
+    if "family" in cfg:
+        table.add_row("family", cfg["family"])
     table.add_row("throughput", f"{thr['requests_per_s']:.1f} requests/s, {thr['images_per_s']:.1f} images/s")
     table.add_row("latency", "  ".join(f"{k} {lat[k]:.1f} ms" for k in ("p50", "p90", "p99", "p99.9", "max")))
     parts = report["latency_parts_ms"]
@@ -169,21 +183,30 @@ def print_report(report: dict) -> None:
     ) + " ms (p50 / p99)")  # fmt: skip
     table.add_row("requests", f"{r['submitted']} submitted, {r['answered']} answered, {r['accepted']} accepted, "
                               f"{r['rejected']} rejected ({r['expected_bad']} deliberately bad)")  # fmt: skip
-    table.add_row("lost / duplicated", f"{r['lost']} / {r['duplicated']}")
+    w = report["warmup_requests"]
+    if w["submitted"]:
+        table.add_row("warm-up", f"{w['submitted']} more submitted, {w['accepted']} accepted, {w['rejected']} rejected "
+                                 "(checked, not in the figures)")  # fmt: skip
+    lost = f"{r['lost'] + w['lost']} / {r['duplicated']}"
+    abandoned = r["abandoned"] + w["abandoned"]
+    if abandoned:
+        lost += f" ({abandoned} in flight when the run was interrupted)"
+    table.add_row("lost / duplicated", lost)
+    skipped = " (the rest skipped: interrupted)" if report.get("interrupted") else ""
     table.add_row("verified", f"{report['verify']['checked']} replies re-run in process, "
-                              f"{report['verify']['mismatches']} mismatches")  # fmt: skip
+                              f"{report['verify']['mismatches']} mismatches{skipped}")  # fmt: skip
     for w in report["workers"]:
-        table.add_row(f"worker {w['index']}", f"CPU {w['cpu_utilisation'] * 100:.0f}%, {w['requests']} requests, "
-                                              f"{w['images']} images")  # fmt: skip
+        work = f"{plural(w['requests'], 'request')}, {plural(w['images'], 'image')}"
+        table.add_row(f"worker {w['index']}", f"CPU {w['cpu_utilisation'] * 100:.0f}%, {work}")
     c = report["client"]
     table.add_row("client", f"CPU {c['cpu_utilisation'] * 100:.0f}% ({c['cpu_ms_per_request']:.2f} ms/request), "
                             f"peak private RSS {c['peak_rss_mb']:.0f} MB")  # fmt: skip
     table.add_row("shared memory", f"peak {report['shm']['peak_held_mb']:.1f} MB held by unreleased replies "
                                    f"(rings {report['shm']['ring_mib']} MiB per worker)")  # fmt: skip
-    rejects = ", ".join(f"{k}: {v}" for k, v in report["rejects_by_reason"].items()) or "none"
-    table.add_row("rejects by reason", rejects)
-    restarts = f"{report['restarts']}" + (f" ({report['chaos_kills']} workers killed on purpose)"
-                                          if report["chaos_kills"] else "")  # fmt: skip
+    rejects = ", ".join(f"{k}: {v}" for k, v in report["rejects_by_kind"].items()) or "none"
+    table.add_row("rejects by kind", rejects)
+    kills = report["chaos_kills"]
+    restarts = f"{report['restarts']}" + (f" ({plural(kills, 'worker')} killed on purpose)" if kills else "")
     table.add_row("restarts", restarts)
     rss = report["rss_mb"]
     growth = (f", growth minute 2 -> last: {rss['growth_pct']:+.1f}% (client {rss['client_growth_pct']:+.1f}%, "
@@ -193,50 +216,151 @@ def print_report(report: dict) -> None:
         i = report["inline"]
         table.add_row("vs inline", f"{i['requests_per_s']:.1f} requests/s on one core in process: "
                                    f"the pool is {i['pool_speedup']:.2f}x")  # fmt: skip
-    verdict = "[green]PASS[/green]" if report["ok"] else "[red]FAIL[/red]: " + "; ".join(report["failures"])
+    verdict = "[green]PASS[/green]" if report["ok"] else "[red]FAIL[/red]: " + escape("; ".join(report["failures"]))
+    if report.get("interrupted"):
+        verdict = f"[yellow]INTERRUPTED[/yellow] after {report['duration_s']:.1f} s; of what ran: {verdict}"
     table.add_row("verdict", verdict)
     console.print(table)
 
 
-def plot(result: RunResult, path: str, width: int = 1200, height: int = 500) -> None:
-    """PNG: latency over time (left) and a latency histogram (right). Drawn with Pillow only:
-    matplotlib would pull in plain Pillow and replace pillow-simd. Both show the tally's uniform
-    sample of the measured accepted requests (all of them, up to tally.PLOT_SAMPLE)."""
+# The plot's geometry and colours.
+_POINT, _CURVE, _MARK, _GRID, _CLIPPED = (31, 119, 180), (214, 39, 40), (90, 90, 90), (225, 225, 225), (214, 39, 40)
+_MARGIN_LEFT, _MARGIN_RIGHT, _MARGIN_TOP, _MARGIN_BOTTOM, _GAP = 78, 24, 78, 64, 90
+
+
+def nice_ticks(high: float, most: int = 6) -> list[float]:
+    """Ticks 0, step, 2 step, ... up to the first at or above `high`, step 1, 2 or 5 times a power of
+    ten, at most `most` + 1 of them."""
+    high = max(high, 1e-9)
+    for power in range(math.floor(math.log10(high / most)) - 1, 400):
+        for mantissa in (1, 2, 5):
+            step = mantissa * 10.0**power
+            if math.ceil(high / step - 1e-9) <= most:
+                return [k * step for k in range(math.ceil(high / step - 1e-9) + 1)]
+    return [0.0, high]
+
+
+def _tick_text(value: float, ticks: list[float]) -> str:
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return f"{value:.{decimals}f}"
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    # Pillow's bundled scalable font when it has FreeType, its fixed bitmap font otherwise.
+    return ImageFont.load_default(size)
+
+
+class _Axes:
+    """One panel: a frame with ticked, labelled axes mapping data (x, y) to pixels."""
+
+    def __init__(self, image: Image.Image, box: tuple[int, int, int, int], xticks: list[float], yticks: list[float],
+                 title: str, xlabel: str, ylabel: str, ytext=None) -> None:  # fmt: skip
+        self.image, self.draw = image, ImageDraw.Draw(image)
+        self.x0, self.y0, self.x1, self.y1 = box  # left, top, right, bottom of the plotting area
+        self.xticks, self.yticks = xticks, yticks
+        font, small = _font(16), _font(13)
+        draw = self.draw
+        for value in yticks:
+            y = self.y(value)
+            draw.line([(self.x0, y), (self.x1, y)], fill=_GRID)
+            draw.line([(self.x0 - 5, y), (self.x0, y)], fill="black")
+            text = ytext(value) if ytext else _tick_text(value, yticks)
+            draw.text((self.x0 - 8, y), text, fill="black", font=small, anchor="rm")
+        for value in xticks:
+            x = self.x(value)
+            draw.line([(x, self.y0), (x, self.y1)], fill=_GRID)
+            draw.line([(x, self.y1), (x, self.y1 + 5)], fill="black")
+            draw.text((x, self.y1 + 8), _tick_text(value, xticks), fill="black", font=small, anchor="mt")
+        draw.rectangle([self.x0, self.y0, self.x1, self.y1], outline="black")
+        draw.text(((self.x0 + self.x1) / 2, self.y0 - 12), title, fill="black", font=font, anchor="ms")
+        draw.text(((self.x0 + self.x1) / 2, self.y1 + 32), xlabel, fill="black", font=small, anchor="mt")
+        # The y label, turned to read upwards beside its axis.
+        left, top, right, bottom = draw.textbbox((0, 0), ylabel, font=small)
+        label = Image.new("RGB", (right - left + 4, bottom - top + 4), "white")
+        ImageDraw.Draw(label).text((2 - left, 2 - top), ylabel, fill="black", font=small)
+        label = label.rotate(90, expand=True)
+        image.paste(label, (self.x0 - 66, int((self.y0 + self.y1) / 2 - label.height / 2)))
+
+    def x(self, value: float) -> float:
+        return self.x0 + value / self.xticks[-1] * (self.x1 - self.x0)
+
+    def y(self, value: float) -> float:
+        return self.y1 - value / self.yticks[-1] * (self.y1 - self.y0)
+
+    def dashed(self, y: float, colour: tuple[int, int, int], text: str, above: bool) -> None:
+        """A dashed horizontal line at pixel row `y`, labelled at its right end, above or below it."""
+        for x in range(self.x0, self.x1, 12):
+            self.draw.line([(x, y), (min(x + 6, self.x1), y)], fill=colour, width=2)
+        at, anchor = ((self.x1 - 4, y - 3), "rb") if above else ((self.x1 - 4, y + 4), "rt")
+        self.label(at, text, colour, anchor)
+
+    def label(self, at: tuple[float, float], text: str, colour: tuple[int, int, int], anchor: str) -> None:
+        """Text on a white box, readable over the points."""
+        font = _font(13)
+        left, top, right, bottom = self.draw.textbbox(at, text, font=font, anchor=anchor)
+        self.draw.rectangle([left - 2, top - 1, right + 2, bottom + 1], fill="white")
+        self.draw.text(at, text, fill=colour, font=font, anchor=anchor)
+
+
+def plot(result: RunResult, report: dict, path: str, width: int = 1200, height: int = 520) -> None:
+    """PNG: latency over time (left) and the latency CDF (right), of the measured accepted requests
+    (all of them, or the tally's uniform sample of tally.PLOT_SAMPLE), with ticked axes in ms and s.
+
+    Both panels share one latency range: up to the maximum, or to twice the 99th percentile when the
+    maximum is further out, so that a few outliers do not squash the rest. Points beyond the range
+    are drawn on the top edge in red and counted in the header.
+    """
     points = result.tally.plot_points
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
+    cfg = report["config"]
+    header = (f"mmworker load test: {cfg['mode']}, {plural(cfg['workers'], 'worker')}, spec {cfg['spec_name']}; "
+              f"{plural(len(points), 'accepted request')} plotted")  # fmt: skip
+    draw.text((_MARGIN_LEFT - 60, 14), header, fill="black", font=_font(16))
     if not len(points):
-        draw.text((20, 20), "no accepted requests", fill="black")
+        draw.text((width / 2, height / 2), "no accepted requests to plot", fill="black", font=_font(16), anchor="mm")
         image.save(path)
         return
-    t = points[:, 0] - (result.measured_from - result.started)
-    lat = points[:, 1]
-    top = float(np.percentile(lat, 99.9)) * 1.1 or 1.0
-    pad, mid = 60, width // 2
+    t = np.maximum(points[:, 0] - (result.measured_from - result.started), 0.0)
+    lat = np.sort(points[:, 1])
+    high = float(lat[-1])
+    yticks = nice_ticks(min(high, 2 * float(np.percentile(lat, 99))) or 1.0)
+    clipped = int(np.count_nonzero(lat > yticks[-1]))
+    if clipped:
+        draw.text((_MARGIN_LEFT - 60, 36), f"{plural(clipped, 'request')} above {yticks[-1]:g} ms drawn on the top "
+                  f"edge (max {high:.1f} ms)", fill=_CLIPPED, font=_font(13))  # fmt: skip
+    panel = (width - _MARGIN_LEFT - _MARGIN_RIGHT - _GAP - _MARGIN_LEFT) // 2
+    bottom = height - _MARGIN_BOTTOM
+    left_box = (_MARGIN_LEFT, _MARGIN_TOP, _MARGIN_LEFT + panel, bottom)
+    right_x0 = _MARGIN_LEFT + panel + _GAP + _MARGIN_LEFT
+    right_box = (right_x0, _MARGIN_TOP, right_x0 + panel, bottom)
+    summary = report["latency_ms"]
 
-    def frame(x0, x1, title, xlabel):
-        draw.rectangle([x0, pad, x1, height - pad], outline="black")
-        draw.text((x0, 20), title, fill="black")
-        draw.text((x0 + (x1 - x0) // 2 - 40, height - pad + 25), xlabel, fill="black")
+    over_time = _Axes(image, left_box, nice_ticks(float(t.max()) or 1.0), yticks, "latency over time",
+                      "time since the warm-up (s)", "latency (ms)")  # fmt: skip
+    y_top = over_time.y(yticks[-1])
+    for ti, li in zip(t, points[:, 1], strict=True):
+        x = over_time.x(ti)
+        if li > yticks[-1]:
+            draw.polygon([(x - 4, y_top + 7), (x + 4, y_top + 7), (x, y_top)], fill=_CLIPPED)
+        else:
+            y = over_time.y(li)
+            draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=_POINT)
+    for name, above in (("p50", False), ("p99", True)):
+        if summary[name] <= yticks[-1]:
+            over_time.dashed(over_time.y(summary[name]), _MARK, f"{name} {summary[name]:.1f} ms", above)
 
-    frame(pad, mid - 20, "latency over time (ms)", "seconds after warm-up")
-    span = max(float(t.max()), 1e-9)
-    for ti, li in zip(t, np.minimum(lat, top), strict=True):
-        x = pad + max(ti, 0.0) / span * (mid - 20 - pad)
-        y = height - pad - li / top * (height - 2 * pad)
-        draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=(31, 119, 180))
-    draw.text((pad, height - pad + 8), "0", fill="black")
-    draw.text((mid - 50, height - pad + 8), f"{span:.0f}", fill="black")
-    for frac in (0, 0.5, 1.0):
-        y = height - pad - frac * (height - 2 * pad)
-        draw.text((5, y - 6), f"{top * frac:.0f}", fill="black")
-    frame(mid + 20, width - pad, "latency histogram (count per bin)", "latency (ms)")
-    counts, _edges = np.histogram(np.minimum(lat, top), bins=50, range=(0, top))
-    bar_w = (width - pad - mid - 20) / len(counts)
-    for k, c in enumerate(counts):
-        x0 = mid + 20 + k * bar_w
-        y = height - pad - c / max(1, counts.max()) * (height - 2 * pad)
-        draw.rectangle([x0, y, x0 + bar_w - 1, height - pad], fill=(255, 127, 14))
-    draw.text((mid + 20, height - pad + 8), "0", fill="black")
-    draw.text((width - pad - 30, height - pad + 8), f"{top:.0f}", fill="black")
+    cdf = _Axes(image, right_box, yticks, [0, 20, 40, 60, 80, 100], "latency CDF", "latency (ms)",
+                "requests answered within (%)", ytext=lambda v: f"{v:.0f}%")  # fmt: skip
+    # The empirical CDF as a step line, one vertex per pixel column at most.
+    columns = np.linspace(0.0, yticks[-1], right_box[2] - right_box[0] + 1)
+    share = np.searchsorted(lat, columns, side="right") / len(lat) * 100
+    draw.line([(cdf.x(c), cdf.y(f)) for c, f in zip(columns, share, strict=True)], fill=_CURVE, width=2)
+    for name in ("p50", "p90", "p99"):
+        value, q = summary[name], float(name[1:])
+        if value <= yticks[-1]:
+            x, y = cdf.x(value), cdf.y(q)
+            draw.ellipse((x - 4, y - 4, x + 4, y + 4), outline=_MARK, width=2)
+            cdf.label((x + 8, y + 2), f"{name} {value:.1f} ms", _MARK, "lt")
     image.save(path)

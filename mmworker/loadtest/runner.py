@@ -1,16 +1,24 @@
-"""Driving a pool with a workload: closed or open loop, warm-up, live progress, the tally of answers.
+"""Driving a pool with a workload: closed or open loop, warm-up, live progress, the tally of answers,
+and stopping early on Ctrl-C.
 
 Closed loop keeps `concurrency` requests in flight; open loop submits at Poisson arrivals of
 `rate` per second whatever the pool does (so queueing shows). Requests submitted during the first
-`warmup_s` seconds are answered and checked like the others but left out of the figures. For
-`verify` sampled accepted requests a digest of everything the reply carried (ids, offsets,
-positions, features, hashes) is kept, to be recomputed in process afterwards. Only the requests in
-flight are known one by one; an answer goes into the tally (mmworker.loadtest.tally) and is forgotten.
+`warmup_s` seconds are answered and checked like the others but counted apart and left out of the
+figures. For `verify` sampled accepted requests a digest of everything the reply carried (ids,
+offsets, positions, features, hashes) is kept, to be recomputed in process afterwards. Only the
+requests in flight are known one by one; an answer goes into the tally (mmworker.loadtest.tally)
+and is forgotten.
+
+Ctrl-C (SIGINT) is a request to stop, not an exception (`Interrupt`): an exception could strike in
+the middle of the pool's bookkeeping, and the run's figures are worth keeping. The loop stops
+submitting, waits a little for the requests in flight (a second Ctrl-C stops the wait) and ends
+the run as if it had been this short; what was still in flight is counted as abandoned, not lost.
 """
 
 import collections
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +30,43 @@ from mmworker.loadtest.tally import Tally, reservoir_slot
 from mmworker.loadtest.workload import RequestSpec, Workload
 from mmworker.pool import Reply, WorkerPool
 
+# After Ctrl-C, how long the run waits for the requests in flight before it abandons them.
+DRAIN_S = 3.0
+
+
+class Interrupt:
+    """SIGINT (Ctrl-C) turned into a flag the load test polls, while the context is entered.
+
+    A process that started with SIGINT ignored (a background job of a shell without job control,
+    `nohup`) keeps ignoring it, as such a process should. `count` is how many arrived: the first
+    asks the run to stop, the second to stop waiting for anything.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+
+    @property
+    def requested(self) -> bool:
+        return self.count > 0
+
+    @property
+    def hurried(self) -> bool:
+        return self.count > 1
+
+    def __enter__(self) -> "Interrupt":
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
 
 @dataclass
 class RunResult:
@@ -29,6 +74,7 @@ class RunResult:
     started: float
     ended: float
     measured_from: float
+    interrupted: bool = False
     verify: dict[int, str] = field(default_factory=dict)  # request index -> reply digest
     duplicates: int = 0
     cpu_s: float = 0.0
@@ -120,9 +166,10 @@ class Progress:
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
         rate = len(window) / min(5.0, max(elapsed, 1e-9))
         images = sum(n for _, ok, n in window if ok) / min(5.0, max(elapsed, 1e-9))
+        answered, rejected = run.tally.total("answered"), run.tally.total("rejected")
         text = (
-            f"{elapsed:6.1f}s  answered {run.tally.answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  "
-            f"p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  rejects {run.tally.rejected:5d}  in flight {run.in_flight:4d}"
+            f"{elapsed:6.1f}s  answered {answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  "
+            f"p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  rejects {rejected:5d}  in flight {run.in_flight:4d}"
         )
         if self.live is not None:
             self.live.update(text)
@@ -130,8 +177,11 @@ class Progress:
             print(text, flush=True)
 
     def close(self) -> None:
+        """Stop the display (idempotent): nothing more is shown after this."""
+        self.enabled = False
         if self.live is not None:
             self.live.stop()
+            self.live = None
 
 
 class Runner:
@@ -151,7 +201,7 @@ class Runner:
         self.started = 0.0
 
     def _submit(self, spec: RequestSpec, now: float, warmup: bool) -> None:
-        if spec.index != self.tally.submitted:
+        if spec.index != self.tally.total("submitted"):
             raise RuntimeError(f"loadtest: request {spec.index} submitted out of sequence")
         self.flight[spec.index] = (spec, warmup)
         self.tally.submit(warmup)
@@ -168,8 +218,9 @@ class Runner:
             reply.release()
             return
         spec, warmup = entry
-        self.tally.add(kind=spec.kind, expected_error=spec.expected_error, images=spec.images, warmup=warmup,
-                       ok=reply.ok, error=reply.error, answered_s=now - self.started, latency_ms=reply.latency_ms,
+        self.tally.add(kind=spec.kind, expected=spec.expected, images=spec.images, warmup=warmup,
+                       outcome=reply.kind, error=reply.error, answered_s=now - self.started,
+                       latency_ms=reply.latency_ms,
                        parts_ms=(reply.queued_ms, reply.to_worker_ms, reply.busy_ms, reply.returned_ms),
                        worker=reply.worker)  # fmt: skip
         if not warmup:
@@ -178,7 +229,7 @@ class Runner:
             if spec.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
                 self.inline_specs.append(spec)
             # Every accepted request has the same chance to be verified.
-            slot = reservoir_slot(self.rng, self.verify_k, self.tally.accepted)
+            slot = reservoir_slot(self.rng, self.verify_k, self.tally.total("accepted"))
             if slot < self.verify_k:
                 sampled = (spec.index, reply_digest(reply, corrupt=self.corrupt_sample))
                 if slot < len(self.sample):
@@ -190,7 +241,12 @@ class Runner:
             reply.release()
 
     def run(self, *, concurrency: int | None, rate: float | None, duration: float | None, requests: int | None,
-            warmup_s: float, progress: bool, kill_every: float | None = None) -> RunResult:  # fmt: skip
+            warmup_s: float, progress: bool, kill_every: float | None = None,
+            interrupt: Interrupt | None = None) -> RunResult:  # fmt: skip
+        """Drive the pool until `requests` were submitted after the warm-up, or `duration` seconds
+        passed after it, and every request was answered; or, once `interrupt` is requested, until
+        the requests in flight are answered, DRAIN_S passed, or it is requested again."""
+        interrupt = interrupt or Interrupt()
         stream = iter(self.workload)
         cpu0 = time.process_time()
         # Worker CPU per slot, summed over restarts: (slot, CPU at first sight, CPU at last sight) per pid.
@@ -205,16 +261,27 @@ class Runner:
         next_kill = self.started + warmup_s + kill_every if kill_every else float("inf")
         kills = 0
         chaos = random.Random(11)
+        drain_until: float | None = None  # once interrupted: when to stop waiting for the requests in flight
 
         def more() -> bool:
+            if interrupt.requested:
+                return False
             now = time.monotonic()
-            if requests is not None:
-                return self.tally.submitted < requests
-            return now < self.started + warmup_s + (duration or 0.0)
+            if requests is not None:  # measured requests: the warm-up's come on top
+                return now < measured_from or self.tally.measured.submitted < requests
+            return now < measured_from + (duration or 0.0)
 
         try:
             while True:
                 now = time.monotonic()
+                if interrupt.requested and drain_until is None:
+                    drain_until = now + DRAIN_S
+                    if self.in_flight:
+                        display.close()
+                        print(f"mmworker: interrupted: waiting up to {DRAIN_S:g} s for {self.in_flight} request(s) "
+                              "in flight (Ctrl-C again to stop now)", file=sys.stderr, flush=True)  # fmt: skip
+                if drain_until is not None and (interrupt.hurried or now >= drain_until):
+                    break
                 if more():
                     if rate is None:
                         while self.in_flight < (concurrency or 1) and more():
@@ -243,11 +310,13 @@ class Runner:
         finally:
             display.close()
         ended = time.monotonic()
+        for _spec, warmup in self.flight.values():  # only when interrupted: stopped waiting for them
+            self.tally.abandon(warmup)
         for k, pid in enumerate(self.pool.worker_pids()):
             seen.setdefault(pid, [k, 0.0, 0.0])[2] = _cpu_of(pid)
         wcpu: dict[int, float] = {}
         for slot, first, last in seen.values():
             wcpu[slot] = wcpu.get(slot, 0.0) + max(0.0, last - first)
-        return RunResult(self.tally, self.started, ended, measured_from, dict(self.sample), self.duplicates,
-                         time.process_time() - cpu0, wcpu, rss, kills, dict(self.sample_specs),
+        return RunResult(self.tally, self.started, ended, measured_from, interrupt.requested, dict(self.sample),
+                         self.duplicates, time.process_time() - cpu0, wcpu, rss, kills, dict(self.sample_specs),
                          list(self.inline_specs))  # fmt: skip

@@ -2,10 +2,14 @@
 sample, in memory that does not grow with the run's length.
 
 A soak runs for as long as its operator likes and checks that the pool's memory stays flat, so the
-load generator in the same process must not grow either. One record object per request (~500
-bytes with its floats, and the heap around them) made the client of a 10-minute soak grow 21% and
-fail that check by itself. Here every answer updates counters and histograms and is then forgotten;
-only the requests in flight are known one by one (by the runner).
+load generator in the same process must not grow either: keeping one record object per request
+would grow the client by itself, without bound. Here every answer updates counters and histograms
+and is then forgotten; only the requests in flight are known one by one (by the runner).
+
+Requests submitted during the warm-up are counted apart (`Tally.warmup`) from the measured ones
+(`Tally.measured`): the figures, the per-worker counts and the report's request counts all describe
+the same measured requests, while the verdict's checks cover both. Replies are classified by their
+kind (`Reply.kind`, an mmworker.errors.Outcome), never by their message's text.
 
 Percentiles come from log-spaced histograms whose bucket edges grow by 0.1%: each is within 0.05%
 of the exact sample percentile (numpy's "higher" method), clipped to the exact minimum and maximum;
@@ -14,32 +18,22 @@ means are exact (float64 sums), as are the maxima.
 
 import math
 import random
-import re
 from collections import Counter
+from dataclasses import dataclass, field, fields
 
 import numpy as np
+
+from mmworker.errors import Outcome
 
 # Reply fields whose sum is an accepted request's latency, in `Tally.add` order.
 LATENCY_PARTS = ("queued", "to_worker", "busy", "returned")
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99.9", 99.9))
-_REASONS = (
-    "queue full", "shared memory full", "deadline exceeded", "worker crashed", "pool closed", "aborted",
-    "exceeds 64 media items", "total media bytes", "media placeholder", "status code 404", "image decode",
-    "media fetch", "smart_resize", "aspect ratio",
-)  # fmt: skip
-# Rejections that say something about the pool's state, not about the request.
-INFRASTRUCTURE = ("worker crashed", "deadline exceeded", "I/O process crashed", "queue full", "shared memory full",
-                  "pool closed", "aborted")  # fmt: skip
+# Rejections that say something about the pool's state, not about the request: a bad request
+# answered so never reached its own check, which is not a wrong answer, only an unattributed one.
+POOL_STATE = frozenset({Outcome.WORKER_CRASHED, Outcome.DEADLINE_EXCEEDED, Outcome.QUEUE_FULL, Outcome.MEMORY_FULL,
+                        Outcome.POOL_CLOSED, Outcome.ABORTED})  # fmt: skip
 EXAMPLES_KEPT = 5  # of each kind of failure, for the report's messages
 PLOT_SAMPLE = 20_000  # (time, latency) points kept for the plot, a uniform sample
-
-
-def reason_of(error: str) -> str:
-    """A stable category for a reject message (the known causes, else its start without numbers)."""
-    for reason in _REASONS:
-        if reason in error:
-            return reason
-    return re.sub(r"\d+", "N", error)[:60]
 
 
 def reservoir_slot(rng: random.Random, capacity: int, seen: int) -> int:
@@ -89,63 +83,95 @@ class LogHistogram:
         return out
 
 
+@dataclass
+class Counts:
+    """The requests of one phase of a run (warm-up or measured) and what became of them."""
+
+    submitted: int = 0
+    answered: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    abandoned: int = 0  # still in flight when an interrupted run stopped waiting for them
+    expected_bad: int = 0  # deliberately bad requests (workload.BAD_KINDS) among the answered
+    bad_accepted: int = 0  # ... accepted: a failure
+    bad_wrong_reason: int = 0  # ... rejected as something else than they are: a failure
+    good_rejected: int = 0  # good requests rejected (a refused image of a user's corpus, a full queue)
+    internal: int = 0  # rejected with Outcome.INTERNAL (mmworker's own fault): a failure
+    rejects_by_kind: Counter[str] = field(default_factory=Counter)  # Outcome values
+
+    @property
+    def lost(self) -> int:
+        """Submitted and never answered (those abandoned on purpose apart)."""
+        return self.submitted - self.answered - self.abandoned
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters and `lost` (not the rejects by kind)."""
+        counters = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rejects_by_kind"}
+        return {**counters, "lost": self.lost}
+
+
 class Tally:
     """What the report needs of a run's requests: `submit` once per request, `add` once per answer."""
 
     def __init__(self, seed: int = 0) -> None:
-        self.submitted = self.warmup = 0  # requests, and those of them submitted during the warm-up
-        self.answered = self.accepted = self.rejected = 0
-        self.measured_accepted = self.measured_images = 0
-        self.expected_bad = self.good_rejected = 0
+        self.warmup = Counts()  # requests submitted during the warm-up
+        self.measured = Counts()  # requests submitted after it: the run's figures
+        self.measured_images = 0
         self.bad_accepted: list[str] = []  # kinds, the first few
-        self.bad_accepted_count = 0
         self.bad_wrong: list[tuple[str, str]] = []  # (kind, error), the first few
-        self.bad_wrong_count = 0
-        self.rejects_by_reason: Counter[str] = Counter()
+        self.internal_errors: list[str] = []  # the first few messages
         self.per_worker: Counter[int] = Counter()
         self.per_worker_images: Counter[int] = Counter()
         self.latency = LogHistogram()
         self.parts = {name: LogHistogram() for name in LATENCY_PARTS}
         # (answered s, latency ms) of measured accepted requests: a uniform sample, in its first
-        # min(measured_accepted, PLOT_SAMPLE) rows.
+        # min(measured.accepted, PLOT_SAMPLE) rows.
         self._plot = np.empty((PLOT_SAMPLE, 2))
         self._plot_rng = random.Random(seed)
 
     def submit(self, warmup: bool) -> None:
-        self.submitted += 1
-        self.warmup += warmup
+        (self.warmup if warmup else self.measured).submitted += 1
 
-    @property
-    def lost(self) -> int:
-        """Submitted and (so far) never answered."""
-        return self.submitted - self.answered
+    def abandon(self, warmup: bool) -> None:
+        """A request still in flight when an interrupted run stopped waiting: not lost, not answered."""
+        (self.warmup if warmup else self.measured).abandoned += 1
 
-    def add(self, *, kind: str, expected_error: str | None, images: int, warmup: bool, ok: bool, error: str | None,
-            answered_s: float, latency_ms: float, parts_ms: tuple[float, float, float, float],
+    def total(self, count: str) -> int:
+        """One of the `Counts` (e.g. "submitted", "lost") over both phases."""
+        return getattr(self.warmup, count) + getattr(self.measured, count)
+
+    def add(self, *, kind: str, expected: tuple[Outcome, str] | None, images: int, warmup: bool, outcome: Outcome,
+            error: str | None, answered_s: float, latency_ms: float, parts_ms: tuple[float, float, float, float],
             worker: int | None) -> None:  # fmt: skip
-        self.answered += 1
-        bad = kind != "good"
-        self.expected_bad += bad
-        if not ok:
-            self.rejected += 1
+        """One answer: `kind` and `expected` are the workload's (what the request is, how it must be
+        rejected), `outcome` and `error` the reply's kind and message."""
+        counts = self.warmup if warmup else self.measured
+        counts.answered += 1
+        bad = expected is not None
+        counts.expected_bad += bad
+        if outcome is not Outcome.ACCEPTED:
+            counts.rejected += 1
             text = error or ""
-            self.rejects_by_reason[reason_of(text)] += 1
-            self.good_rejected += not bad
-            # A bad request whose worker was killed (or that ran out of time) never got to its own
-            # check: that is not a wrong answer, only an unattributed one.
-            if bad and (expected_error or "") not in text and not any(r in text for r in INFRASTRUCTURE):
-                self.bad_wrong_count += 1
+            counts.rejects_by_kind[outcome.value] += 1
+            counts.good_rejected += not bad
+            if outcome is Outcome.INTERNAL:
+                counts.internal += 1
+                if len(self.internal_errors) < EXAMPLES_KEPT:
+                    self.internal_errors.append(text)
+            # The message must name the expected cause too: bad input rejected for another reason
+            # than the one built into it means a check missed or misfired.
+            if bad and outcome not in POOL_STATE and (outcome is not expected[0] or expected[1] not in text):
+                counts.bad_wrong_reason += 1
                 if len(self.bad_wrong) < EXAMPLES_KEPT:
-                    self.bad_wrong.append((kind, text))
+                    self.bad_wrong.append((kind, f"{outcome.value}: {text}"))
             return
-        self.accepted += 1
+        counts.accepted += 1
         if bad:
-            self.bad_accepted_count += 1
+            counts.bad_accepted += 1
             if len(self.bad_accepted) < EXAMPLES_KEPT:
                 self.bad_accepted.append(kind)
         if warmup:
             return
-        self.measured_accepted += 1
         self.measured_images += images
         self.per_worker[worker] += 1
         self.per_worker_images[worker] += images
@@ -153,7 +179,7 @@ class Tally:
         for name, value in zip(LATENCY_PARTS, parts_ms, strict=True):
             self.parts[name].add(value)
         # Every measured accepted request has the same chance to be plotted.
-        slot = reservoir_slot(self._plot_rng, PLOT_SAMPLE, self.measured_accepted)
+        slot = reservoir_slot(self._plot_rng, PLOT_SAMPLE, self.measured.accepted)
         if slot < PLOT_SAMPLE:
             self._plot[slot] = answered_s, latency_ms
 
@@ -161,4 +187,4 @@ class Tally:
     def plot_points(self) -> np.ndarray:
         """(answered s after the start, latency ms) rows: every measured accepted request, or a uniform
         sample of PLOT_SAMPLE of them."""
-        return self._plot[: min(self.measured_accepted, PLOT_SAMPLE)]
+        return self._plot[: min(self.measured.accepted, PLOT_SAMPLE)]

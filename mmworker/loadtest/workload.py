@@ -1,25 +1,28 @@
 """The load test's request stream: how many images, from which kind of source, with which prompt, and
-which requests are deliberately bad (and what their rejection must say)."""
+which requests are deliberately bad (and how they must be rejected).
+
+Prompts are random text ids around the family's tokens for each image (`Family.image_prompt`), so
+the stream fits any family; a "placeholder" request leaves one image's tokens out.
+"""
 
 import base64
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mmworker.errors import MmError
+from mmworker.errors import MmError, Outcome
 from mmworker.loadtest.corpus import CorpusImage
 
-# Vision start/end markers around each placeholder when the spec names none (Qwen2-VL's ids).
-DEFAULT_VISION_TOKENS = (151652, 151653)
 SOURCE_KINDS = ("bytes", "data", "base64", "path", "http")
 BAD_KINDS = ("corrupt", "truncated", "too_many", "placeholder", "http_404")
-# What the reject message must contain for each kind of bad request.
-EXPECTED_ERROR = {
-    "corrupt": "image decode",
-    "truncated": "image decode",
-    "too_many": "exceeds 64 media items",
-    "placeholder": "media placeholder",
-    "http_404": "status code 404",
+# How each kind of bad request must be rejected: its outcome, and what the message must name (the
+# cause, so that a request rejected as bad input for another reason is caught too).
+EXPECTED_REJECTION = {
+    "corrupt": (Outcome.BAD_INPUT, "image decode"),
+    "truncated": (Outcome.BAD_INPUT, "image decode"),
+    "too_many": (Outcome.BAD_INPUT, "exceeds 64 media items"),
+    "placeholder": (Outcome.BAD_INPUT, "media placeholder"),
+    "http_404": (Outcome.BAD_INPUT, "status code 404"),
 }
 
 
@@ -32,8 +35,9 @@ class RequestSpec:
     images: int
 
     @property
-    def expected_error(self) -> str | None:
-        return EXPECTED_ERROR.get(self.kind)
+    def expected(self) -> tuple[Outcome, str] | None:
+        """How this request must be rejected (None: it must be accepted)."""
+        return EXPECTED_REJECTION.get(self.kind)
 
 
 def parse_distribution(text: str) -> dict[int, float]:
@@ -50,27 +54,38 @@ def parse_distribution(text: str) -> dict[int, float]:
     return weights
 
 
+def parse_sources(text: str) -> tuple[str, ...]:
+    """'bytes,http' -> ('bytes', 'http'): the source kinds mixed in, each one of SOURCE_KINDS."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds or any(k not in SOURCE_KINDS for k in kinds):
+        raise MmError(f"loadtest: --sources {text}: choose from {', '.join(SOURCE_KINDS)}")
+    return kinds
+
+
+def check_bad_fraction(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise MmError(f"loadtest: --bad-fraction must be within 0..1, got {value}")
+    return value
+
+
 class Workload:
     """An endless, deterministic (per seed) stream of RequestSpecs over a corpus."""
 
     def __init__(
         self,
         corpus: list[CorpusImage],
-        image_token_id: int,
+        image_prompt: tuple[int, ...],
         images_per_request: dict[int, float],
         source_kinds: tuple[str, ...],
         bad_fraction: float,
         base_url: str,
         seed: int,
-        vision_tokens: tuple[int, int] = DEFAULT_VISION_TOKENS,
     ) -> None:
-        if not 0.0 <= bad_fraction <= 1.0:
-            raise MmError(f"loadtest: --bad-fraction must be within 0..1, got {bad_fraction}")
-        unknown = [k for k in source_kinds if k not in SOURCE_KINDS]
-        if unknown or not source_kinds:
-            raise MmError(f"loadtest: --sources {','.join(source_kinds)}: choose from {', '.join(SOURCE_KINDS)}")
-        self.corpus, self.token = corpus, image_token_id
-        self.vision_start, self.vision_end = vision_tokens
+        check_bad_fraction(bad_fraction)
+        parse_sources(",".join(source_kinds))
+        if not image_prompt:
+            raise MmError("loadtest: the family's image prompt is empty")
+        self.corpus, self.image_prompt = corpus, list(image_prompt)
         self._jpegs = [i for i in corpus if i.fmt == "JPEG"] or corpus  # what "truncated" cuts short
         self._smallest = min(corpus, key=lambda i: len(i.data))  # what "too_many" repeats 65 times
         self.counts, self.weights = list(images_per_request), list(images_per_request.values())
@@ -101,12 +116,22 @@ class Workload:
             return str(image.path)
         return f"{self.base_url}/{image.name}"
 
+    def _text(self, low: int, high: int) -> list[int]:
+        """Between `low` and `high` random text ids, none of them one of the image prompt's."""
+        ids = []
+        for _ in range(self.rng.randint(low, high)):
+            token = self.rng.randrange(1000, 30000)
+            while token in self.image_prompt:
+                token = self.rng.randrange(1000, 30000)
+            ids.append(token)
+        return ids
+
     def _prompt(self, n: int, placeholders: int) -> list[int]:
-        ids = [self.rng.randrange(1000, 30000) for _ in range(self.rng.randint(2, 12))]
+        ids = self._text(2, 12)
         for k in range(n):
-            marker = [self.token] if k < placeholders else []
-            ids += [self.vision_start, *marker, self.vision_end]
-            ids += [self.rng.randrange(1000, 30000) for _ in range(self.rng.randint(0, 6))]
+            if k < placeholders:
+                ids += self.image_prompt
+            ids += self._text(0, 6)
         return ids
 
     def __iter__(self) -> Iterator[RequestSpec]:
