@@ -7,7 +7,8 @@
 #   2. .venv with the interpreter in $PYTHON (default python3, >= 3.11);
 #   3. pillow-simd built from source, with AVX2 where the CPU has it (SSE4 otherwise), again whenever
 #      the PIL that Python imports is not its own;
-#   4. mmworker's dependencies but Pillow (pyproject.toml's, the test extra's too), then mmworker
+#   4. mmworker's dependencies but Pillow (pyproject.toml's, and the test extra's: pytest,
+#      pytest-timeout, hypothesis, ruff), then mmworker
 #      itself with --no-deps (its `pillow` requirement is for other environments: here pip would put
 #      plain Pillow over pillow-simd to satisfy it);
 #   5. verification: every required codec present and no plain Pillow shadowing pillow-simd.
@@ -65,9 +66,9 @@ if [ ! -f "$stamp" ] || ! "$py" -c "$is_pillow_simd" 2>/dev/null; then
     touch "$stamp"
 fi
 
-# 4. The project's dependencies but Pillow, read from pyproject.toml (the test extra's too), then the
-#    project itself without them. The constraint makes pip fail loudly, rather than install plain
-#    Pillow over pillow-simd, should any of them ever come to require Pillow.
+# 4. The project's dependencies but Pillow, read from pyproject.toml (the test extra's too, so the
+#    test tools, pytest-timeout included, are installed on every run), then the project itself
+#    without them. The constraint makes pip fail loudly, rather than install plain Pillow over pillow-simd, should any of them ever come to require Pillow.
 mapfile -t deps < <("$py" - <<'PY'
 import re
 import tomllib

@@ -10,6 +10,7 @@
 #   3. sglang 0.5.23 with --no-deps (its full set needs a GPU stack), then the part of its dependency
 #      list that SGLang's tokenizer-side code imports, at SGLang's own pins where it pins one:
 #      transformers 5.19.0, tokenizers 0.23.2, numba 0.65.1, an unpinned Pillow (stock: 13.0.0 today);
+#      and the test tools (pytest, pytest-timeout, hypothesis), checked again on every run;
 #   4. a record of every installed distribution and version, and of what `PIL` is;
 #   5. `pip install <checkout>` (plain pip, no flags: what an operator runs);
 #   6. verification: no distribution that was there before changed version or vanished, PIL is still
@@ -52,9 +53,9 @@ if [ ! -f "$stamp" ]; then
     #    sentencepiece==0.2.1, apache-tvm-ffi==0.1.11, compressed-tensors==0.18.0, openai==2.8.0,
     #    torchaudio==2.11.0; pillow, numpy and the rest unpinned). torch is repeated so that pip cannot
     #    move it while resolving the rest; torchaudio goes in --no-deps (its own pin wants another torch).
-    #    datasets: SGLang's own test helper that stubs sgl_kernel (no CPU build) imports it; pytest and
-    #    hypothesis run tests/sglang_env and the stock-Pillow part of the suite here. None of them is a
-    #    dependency of mmworker.
+    #    datasets: SGLang's own test helper that stubs sgl_kernel (no CPU build) imports it; pytest,
+    #    pytest-timeout and hypothesis run tests/sglang_env and the stock-Pillow part of the suite here.
+    #    None of them is a dependency of mmworker.
     say "installing sglang==$SGLANG_VERSION (--no-deps) and its tokenizer-side dependencies"
     say "(pip then lists SGLang requirements that are not installed: expected, they are its GPU/server stack)"
     "${pip[@]}" --no-deps "sglang==$SGLANG_VERSION" "torchaudio==2.11.0"
@@ -64,9 +65,14 @@ if [ ! -f "$stamp" ]; then
         pillow numpy msgspec "pyzmq>=25.1.2" orjson psutil pybase64 requests aiohttp tqdm dill gguf \
         partial-json-parser ipython einops fastapi "uvicorn>=0.51" uvloop setproctitle pydantic python-multipart \
         prometheus-client scipy regex xxhash zstandard interegular packaging datasets "python-dateutil<3" \
-        pytest hypothesis
+        pytest "pytest-timeout>=2.4" hypothesis
     touch "$stamp"
 fi
+
+# The test tools again on every run, so that an environment built before one of them was added gets
+# it. pip leaves what is installed already as it is (no --upgrade), and pytest-timeout needs nothing
+# but pytest, so nothing of SGLang's moves.
+"${pip[@]}" pytest "pytest-timeout>=2.4" hypothesis
 
 # 4. What is there before mmworker: every distribution and its version, and which files PIL is.
 before=$(mktemp)

@@ -1,4 +1,4 @@
-"""Shared test setup: golden-fixture paths and the optional reference Rust extension."""
+"""Shared test setup: golden-fixture paths, the optional reference Rust extension, the per-test timeout's plugin."""
 
 import importlib
 import importlib.util
@@ -22,6 +22,16 @@ for path in (GOLDEN, TESTS):
 # runs it there); elsewhere it is not collected.
 if importlib.util.find_spec("sglang") is None:
     collect_ignore = ["sglang_env"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pyproject.toml's per-test timeout is pytest-timeout's: without the plugin pytest only warns of
+    # an unknown option, and a hung test would stall the run with no traceback.
+    if not config.pluginmanager.hasplugin("timeout"):
+        raise pytest.UsageError(
+            "pytest-timeout is not active (install the `test` extra, as scripts/setup.sh does; "
+            "to run without a per-test timeout, keep the plugin and pass --timeout=0)"
+        )
 
 
 def load_golden(name: str) -> dict:
