@@ -68,7 +68,8 @@ fi
 
 # 4. The project's dependencies but Pillow, read from pyproject.toml (the test extra's too, so the
 #    test tools, pytest-timeout included, are installed on every run), then the project itself
-#    without them. The constraint makes pip fail loudly, rather than install plain Pillow over pillow-simd, should any of them ever come to require Pillow.
+#    without them. The constraint makes pip fail loudly, rather than install plain Pillow over
+#    pillow-simd, should any of them ever come to require Pillow.
 mapfile -t deps < <("$py" - <<'PY'
 import re
 import tomllib
