@@ -50,7 +50,7 @@ CASES = [
     ("4032x3024", "JPEG"),
     ("1280x720", "PNG"),
 ]
-# Qwen2-VL with the HF processor's default pixel budget (the sizes of measurements.md §7).
+# Qwen2-VL with the HF processor's default pixel budget (the sizes of docs/benchmarks.md, "Images").
 SPEC_NAME = "qwen2_vl"
 MAX_PIXELS = 1003520
 
@@ -120,9 +120,8 @@ def _stream_fill():
 def write_floor(buffers: list):
     """One streaming write of the output per call, to the next of `buffers` (together larger than L3).
 
-    The values written are random floats, as pixel_values are: this VM writes zeros with
-    non-temporal stores about twice as fast (7.4 MB: 0.08 ms against 0.175), which once made this
-    floor half of what any real output costs.
+    The values written are random floats, as pixel_values are: some machines write zeros with
+    non-temporal stores much faster, which would make this floor lower than any real output costs.
     """
     stage = np.random.default_rng(0).random(4096, dtype=np.float32)
     fill, turn = _stream_fill(), itertools.cycle(buffers)

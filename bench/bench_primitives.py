@@ -18,7 +18,7 @@ from pathlib import Path
 from yardstick import GET_REF_EXT, alternating_medians, load_reference_extension
 
 # Qwen2-VL smart_resize targets (factor 28, min 3136, max 1003520) of each source size: the
-# resizes the preprocessing really does (measurements.md §7.1).
+# resizes the preprocessing really does (docs/benchmarks.md, "Images").
 CASES = [
     ("640x480 JPEG", (640, 480), "JPEG", (644, 476)),
     ("1280x720 JPEG", (1280, 720), "JPEG", (1288, 728)),

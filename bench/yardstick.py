@@ -62,9 +62,9 @@ def interleaved_medians(timers: dict, budget_s: float, min_calls: int = 3, warm_
     shared machine whose speed drifts over seconds, neighbouring calls see the same machine, so
     ratios between the implementations hold even when their absolute times do not. The untimed
     calls bring an implementation's code, tables and allocator state back (as a worker processing
-    images back to back has them), though not all of its cache contents: at 640x480 our preprocess
-    measured 1.59 ms in a long back-to-back series and 1.83 ms here, with no page fault either way.
-    Every implementation, wherever it runs, follows the others' calls alike, so each pays that alike.
+    images back to back has them), though not all of its cache contents (a long back-to-back series
+    of one implementation runs faster than this, with no page fault either way). Every
+    implementation, wherever it runs, follows the others' calls alike, so each pays that alike.
     Cycles continue until `budget_s` has passed and each has been timed `min_calls` times.
     """
     runs: dict = {name: [] for name in timers}

@@ -2,7 +2,7 @@
 
     process(family, MmInput(input_ids, images)) -> Output
 
-Steps (behaviour.md §2.2), single-threaded, no pools:
+Steps (docs/behaviour.md §2.2), single-threaded, no pools:
   1. at least one image source, at most MAX_ITEMS_PER_REQUEST;
   2. sources resolved in order (strings through fetch, bytes as they are), every byte charged to one
      ByteBudget shared by the whole request;
@@ -120,7 +120,7 @@ def process(
 
 
 def _check_hand_off(ids: np.ndarray, offsets: Sequence[tuple[int, int]], positions: Positions) -> None:
-    # The checks SGLang's server makes before handing a result to the scheduler (integration.md §1.4):
+    # The checks SGLang's server makes before handing a result to the scheduler (docs/behaviour.md §2.2, step 7):
     # a family bug must surface as a rejected request here, never as a crash in the scheduler.
     n = len(ids)
     for i, (start, end) in enumerate(offsets):

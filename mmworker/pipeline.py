@@ -1,6 +1,6 @@
 """The family contract: the carriers a model family fills and the token-layout rules every family shares.
 
-A family describes data and never runs a request (the crate's `MmFamilyProcessor`, behaviour.md §1):
+A family describes data and never runs a request (the crate's `MmFamilyProcessor`, docs/behaviour.md §1):
 
     capabilities()                                   -> Capabilities
     process_item(image, alloc)                       -> ProcessedItem(feature, aux, geometry)
@@ -202,7 +202,7 @@ def _range_text(r: range) -> str:
 def apply_layout(src: np.ndarray, layout: TokenLayout, n_items: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Expand `src` (int64 prompt ids) by `layout`; returns (expanded ids, inclusive offsets by item).
 
-    Every check of behaviour.md §1.3 runs before anything is built: segments must tile the source
+    Every check of docs/behaviour.md §1.3 runs before anything is built: segments must tile the source
     exactly and in order, each item must be placed once, and each expansion must be non-empty.
     """
     total = len(src)

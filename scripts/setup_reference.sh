@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the SEPARATE reference environment .venv-ref used only to regenerate tests/golden/
-# fixtures (tests/golden/generate_golden.py). Safe to run again (idempotent).
+# Build the SEPARATE reference environment .venv-ref: it regenerates the tests/golden/ fixtures
+# (tests/golden/generate_golden.py) and runs bench/bench_preprocess.py's torchvision yardstick.
+# Safe to run again (idempotent).
 #
 # Why a separate environment: torchvision depends on plain Pillow, which would overwrite
 # pillow-simd in .venv. Here stock Pillow 12.x is exactly what we want: it is the reference for
@@ -16,7 +17,8 @@ VENV=${VENV:-$here/.venv-ref}
 TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
 TRANSFORMERS_VERSION=${TRANSFORMERS_VERSION:-5.24.0}
-# Stock Pillow 12.x (NOT 13: §4.2 of measurements.md). 12.3.0 preferred, 12.1.1 as fallback.
+# Stock Pillow 12.x (NOT 13, whose BICUBIC runs the passes in another order for some sizes:
+# docs/behaviour.md §5.4). 12.3.0 preferred, 12.1.1 as fallback.
 PILLOW_VERSIONS=(12.3.0 12.1.1)
 
 say() { printf '[setup-ref] %s\n' "$*"; }

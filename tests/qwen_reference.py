@@ -1,10 +1,10 @@
-"""Plain transcriptions of Qwen's normalisation and patch order (behaviour.md §7.3), used as test oracles."""
+"""Plain transcriptions of Qwen's normalisation and patch order (docs/behaviour.md §7.3), used as test oracles."""
 
 import numpy as np
 
 
 def reference_table(mean, std, resample) -> np.ndarray:
-    """float32 [3, 256]: behaviour.md §7.3's LUT, in numpy float32 arithmetic (an independent oracle)."""
+    """float32 [3, 256]: docs/behaviour.md §7.3's LUT, in numpy float32 arithmetic (an independent oracle)."""
     v = np.arange(256, dtype=np.float32)
     f255 = np.float32(255)
     rows = []

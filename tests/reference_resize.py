@@ -1,4 +1,4 @@
-"""A deliberately plain transcription of behaviour.md §5 (resize), used as a test oracle.
+"""A deliberately plain transcription of docs/behaviour.md §5 (resize), used as a test oracle.
 
 Dense integer matrices instead of loops, Python floats for the weights: structurally unlike the
 numba kernels, exact by the same arithmetic. It is itself anchored to stock Pillow 12 and

@@ -1,4 +1,4 @@
-"""Local sources: file:// and absolute paths through the bounded reader (behaviour.md §3.1, §3.3, TV-F3)."""
+"""Local sources: file:// and absolute paths through the bounded reader (docs/behaviour.md §3.1, §3.3, TV-F3)."""
 
 import contextlib
 import os

@@ -1,4 +1,4 @@
-"""HTTP sources against a real local server and forward proxy (behaviour.md §3.4, TV-F2).
+"""HTTP sources against a real local server and forward proxy (docs/behaviour.md §3.4, TV-F2).
 
 Every test runs against servers started (and joined) by its fixtures on 127.0.0.1; nothing touches
 the network. Each fetch is wrapped in `_fetch`, which also checks that no fd stays open, and the

@@ -1,4 +1,4 @@
-"""Inline sources: data: URLs, bare base64, strict decoding and the base64 budget (behaviour.md §3.1-3.2)."""
+"""Inline sources: data: URLs, bare base64, strict decoding and the base64 budget (docs/behaviour.md §3.1-3.2)."""
 
 import base64
 
@@ -141,7 +141,7 @@ def test_decoder_agrees_with_canonical_reencoding(text):
         assert base64.b64encode(data).decode() == text
 
 
-# --- budget (behaviour.md §3.2, TV-F1) -----------------------------------------------------------
+# --- budget (docs/behaviour.md §3.2, TV-F1) -----------------------------------------------------------
 
 
 def test_tv_f1_two_payloads_share_a_budget():

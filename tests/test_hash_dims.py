@@ -35,7 +35,7 @@ def test_content_hash_parity_with_rust_extension(rust_ext):
         assert content_hash(data) == rust_ext.common.content_hash(data)
 
 
-# behaviour.md §12 TV-S1, verbatim.
+# docs/behaviour.md §12 TV-S1, verbatim.
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -21,7 +21,7 @@ from mmworker.inkling.patches import MEAN, PAD_RAW, STD
 
 
 def reference_bits(arr, ps):
-    """behaviour.md §8 spelled out with numpy: pad to the grid, then reorder into HWC patches."""
+    """docs/behaviour.md §8 spelled out with numpy: pad to the grid, then reorder into HWC patches."""
     h, w, _ = arr.shape
     rows, cols = -(-h // ps), w // ps + 1
     values = (arr.astype(np.float32) * np.float32(1 / 255) - MEAN) / STD

@@ -1,4 +1,4 @@
-"""NO_PROXY matching and URL host extraction (behaviour.md §3.5, vectors TV-N1..N4)."""
+"""NO_PROXY matching and URL host extraction (docs/behaviour.md §3.5, vectors TV-N1..N4)."""
 
 import pytest
 from hypothesis import given

@@ -34,7 +34,7 @@ TINY = {"family": "qwen_vl", "image_token_id": 1, "patch_size": 2, "merge_size":
 # --- smart_resize -------------------------------------------------------------------------------
 
 
-# behaviour.md §12 TV-Q1, verbatim.
+# docs/behaviour.md §12 TV-Q1, verbatim.
 @pytest.mark.parametrize(
     ("args", "expected"),
     [((1365, 2048, 28, 3136, 12845056), (1372, 2044)), ((100, 100, 28, 3136, 12845056), (112, 112)),
@@ -245,7 +245,7 @@ def test_tv_q3_patch_order():
        bw=st.integers(1, 4), extra_rows=st.integers(-20, 40), resample=st.sampled_from(["aten_u8", "pil"]),
        seed=st.integers(0, 2**31))  # fmt: skip
 def test_patchify_equals_vertical_resize_then_hf_reshape(ps, m, tps, bh, bw, extra_rows, resample, seed):
-    # The vertical pass inside the kernel, against the plain transcription of behaviour.md §5
+    # The vertical pass inside the kernel, against the plain transcription of docs/behaviour.md §5
     # (a vertical-only resize: the width is already the output's), then HF's patch order.
     rng = np.random.default_rng(seed)
     out_h, w = bh * m * ps, bw * m * ps
@@ -341,7 +341,7 @@ ENCODED_WITH_MODES = _encoded_with_modes()
 @pytest.mark.parametrize("resample", ["aten_u8", "pil"])
 @pytest.mark.parametrize("name", list(ENCODED_WITH_MODES))
 def test_every_mode_is_processed_as_its_rgb_conversion(name, resample):
-    # behaviour.md: convert("RGB"), alpha dropped, never composited. Pillow decodes some of these
+    # docs/behaviour.md: convert("RGB"), alpha dropped, never composited. Pillow decodes some of these
     # into RGBA storage, which pillow-simd would resize premultiplied by alpha.
     data = ENCODED_WITH_MODES[name]
     png = io.BytesIO()

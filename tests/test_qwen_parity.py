@@ -3,7 +3,7 @@
 Each mode is held to its own HF class: `aten_u8` to the torchvision Qwen2VLImageProcessor and `pil`
 to Qwen2VLImageProcessorPil on stock Pillow 12.3 (the fixture's), for PNG and JPEG alike, across
 five configs. Images so thin that transformers' own smart_resize differs from SGLang's
-(behaviour.md §7.2 item 7) have the crate, not HF, as their target (recorded in the fixture from
+(docs/behaviour.md §7.2 item 7) have the crate, not HF, as their target (recorded in the fixture from
 the Rust extension). Very tall images are resized vertically first by Pillow 12.3, not by 12.1
 or the crate: a spec naming Pillow 12.3.0 equals HF there, one naming 12.1.1 (what `pil` means
 under pillow-simd) the crate. Where the installed PIL is stock Pillow, a spec that names none

@@ -58,7 +58,7 @@ def test_golden_case_all_resamplers(case):
         assert sha(out) == expected, f"{resample} differs from its reference"
 
 
-# behaviour.md §12, verbatim.
+# docs/behaviour.md §12, verbatim.
 TV_R2 = [173, 45, 116, 139, 174, 116, 132, 171, 116, 180, 144, 189, 101, 149, 136, 134, 119, 145, 168, 150,
          90, 41, 181, 107, 94, 164, 148, 54, 95, 108, 115, 72, 74, 144, 180, 77, 129, 115, 98, 129, 81, 76,
          143, 95, 102, 74, 92, 129, 69, 132, 154, 91, 98, 157, 125, 106, 106, 94, 118, 110]  # fmt: skip

@@ -1,8 +1,8 @@
 """aten_u8's horizontal pass as our own kernel: ATen's (pillow-simd's) bytes, coefficients computed once per image.
 
 aten_u8 equals ATen's arithmetic, which pillow-simd's BICUBIC is too (mmworker.common.resize).
-pillow-simd computes its coefficients again on every call (~70 us at 4032 -> 1148: 24 calls for
-the bands of a streamed 12 MP JPEG) and its kernel is written for AVX2. This one takes the same
+pillow-simd computes its coefficients again on every call (once per band of a streamed JPEG: 24
+calls for a 12 MP image) and its kernel is written for AVX2. This one takes the same
 coefficients once (`resample.axis_coefficients(aten=True)`: ATen's quantisation, which is
 pillow-simd's; the tests compare every byte with pillow-simd where it is installed, and with our
 fixed-point pass everywhere) and applies them to bands of 4-byte rows:
@@ -19,15 +19,14 @@ fixed-point pass everywhere) and applies them to bands of 4-byte rows:
 - two rows at a time, so that each quad's weights and window starts are loaded once for both.
 
 All sums are int32 sums of int16 x uint8 products (|weight| < 2^15, at most 32 taps): exact in any
-order, so the bytes equal pillow-simd's. Measured on the dev VM per row, 128-row bands, against
-pillow-simd's resize of the same band: 4032 -> 1148 1.23 vs 2.0 us, 1920 -> 1316 0.79 vs 1.26;
-whole images, half groups: 640 -> 644 on 480 rows 0.118 vs 0.202 ms, 1280 -> 1288 on 720 rows
-0.38 vs 0.58 ms (with whole groups of 8 taps these were 0.198 and 0.617: no faster than
-pillow-simd). The kernel is generic LLVM IR and compiles for any CPU; which pass it replaces
-decides where it is used (`aten_horizontal`). Against pillow-simd (the installed PIL in the
-project's .venv) only where it was measured faster: with AVX-512 BW. Against our generic
-fixed-point pass (resample.horizontal_pass, what runs with stock Pillow) everywhere: compiled for
-AVX2 or SSE4.2 alone it still takes about a third of that pass's time, as with AVX-512.
+order, so the bytes equal pillow-simd's. Per row it is faster than pillow-simd's resize of the
+same band, narrowing and widening (widening only since the half groups: with whole groups of 8
+taps it was no faster there); bench/HISTORY.md has the figures. The kernel is generic LLVM IR and
+compiles for any CPU; which pass it replaces decides where it is used (`aten_horizontal`). In
+place of pillow-simd (the installed PIL in the project's .venv) only where it is faster: with
+AVX-512 BW. In place of our generic fixed-point pass (resample.horizontal_pass, what runs with
+stock Pillow) everywhere: compiled for AVX2 or SSE4.2 alone it is still several times faster than
+that pass, as with AVX-512.
 """
 
 import numpy as np
@@ -219,7 +218,7 @@ def _band_intrinsic(groups: int):
     """An intrinsic writing the first `quads` * 4 output pixels of `rows` rows, `groups` groups of 8 taps each,
     `_ROWS_PER_PASS` rows at a time (the rest one by one).
 
-    The loops are in the IR: in numba, a choice of kernel inside them cost 20% (640 -> 644)."""
+    The loops are in the IR: written in numba, choosing the kernel inside them slowed the pass down."""
 
     def band(typingctx, src, starts, table, out, rows, in_row, out_row, quads, precision):
         sig = types.void(src, starts, table, out, rows, in_row, out_row, quads, precision)

@@ -1,6 +1,6 @@
 """Image decoding: format allowlist, header checks before allocation, and RGB8 output equal to PIL's.
 
-Rules (behaviour.md §4): JPEG, PNG, WebP, GIF and BMP only; samples deeper than 8 bits are
+Rules (docs/behaviour.md §4): JPEG, PNG, WebP, GIF and BMP only; samples deeper than 8 bits are
 refused (PIL would silently truncate a 16-bit PNG); alpha is dropped, never composited; no EXIF
 transpose; GIF and WebP give their first frame. The result equals
 `Image.open(b).convert("RGB")` bit for bit, because the decoding is done by the libraries Pillow
@@ -133,7 +133,7 @@ def open_image(data: bytes | memoryview, max_pixels: int = MAX_IMAGE_PIXELS) -> 
 
     Its consumer decodes it (`JpegRows.load`, or `stream` to take its rows in bands without ever
     holding the whole image); every other image comes back decoded. PNGs go through our own
-    decoder first (mmworker.common.png: ~4x faster than Pillow's, same pixels); whatever it is
+    decoder first (mmworker.common.png: faster than Pillow's, same pixels); whatever it is
     not sure about, Pillow decodes, which also produces Pillow's errors.
     """
     fmt = sniff_format(data)

@@ -8,7 +8,7 @@ from mmworker.errors import MmError
 def scaled_dims(w: int, h: int, rescale_frac: float | None = None, rescale_cap: int | None = None) -> tuple[int, int]:
     """(w', h') after scaling the long edge by rescale_frac, capped (upscaling only) at rescale_cap.
 
-    behaviour.md §6: sides round half up (floor(v * ratio + 0.5), not Python's round) and never go
+    docs/behaviour.md §6: sides round half up (floor(v * ratio + 0.5), not Python's round) and never go
     below 1; the cap only limits upscaling and never forces a downscale. Unlike the crate, which
     does not validate, nonsensical arguments are refused instead of producing arbitrary sizes.
     """

@@ -1,6 +1,6 @@
 """Media fetch: resolve one string source (URL, path, data: URL, base64) to raw bytes within a byte budget.
 
-Precedence, tested in this order on the string exactly as sglang-mm does (behaviour.md §3.1):
+Precedence, tested in this order on the string exactly as sglang-mm does (docs/behaviour.md §3.1):
 
     http:// or https://   → bounded HTTP GET (mmworker.common.http)
     file://               → prefix stripped, bounded read of the rest as a path

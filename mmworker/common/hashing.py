@@ -4,7 +4,7 @@ from blake3 import blake3
 
 
 def content_hash(data: bytes | bytearray | memoryview) -> int:
-    """First 8 bytes of blake3(data), big-endian (behaviour.md §9).
+    """First 8 bytes of blake3(data), big-endian (docs/behaviour.md §9).
 
     Hashes the encoded source bytes (after fetch / base64, before decode), so one image sent as raw
     bytes, data: URL or file path hashes the same. Single-threaded (blake3's default).

@@ -11,11 +11,13 @@ an error naming the code, ``REQUEST_TIMEOUT`` seconds (default 3) bound the whol
 the environment unless NO_PROXY matches. The proxy is computed here, never by libcurl, so the rules
 are ours and testable (see `proxy_for`).
 
-Security policy (SSRF, measurements.md §9.5) is a later issue; `_apply_policy` is the single place that
-restricts where a transfer may go, so allowed schemes, a resolved-address check
-(CURLOPT_OPENSOCKETFUNCTION or PREREQFUNCTION see every connection, including each redirect hop — and
-the proxy's address when one is used) and the redirect cap can be tightened there without touching the
-transfer code.
+With a media policy (mmworker.common.policy; the pool always passes one, the library's
+`fetch_bytes` none, as upstream) the transfer also refuses what the policy refuses, where it
+happens: the URL and every redirect target before it is followed (its Location header), and the
+resolved address of every connection libcurl opens, each redirect hop and DNS answer included,
+before the socket exists (CURLOPT_OPENSOCKETFUNCTION), so a refused address never gets a packet;
+through a proxy that address is the proxy the operator chose, and is not checked. `_apply_policy`
+sets the schemes and the redirect cap. docs/reliability.md lists what is refused.
 """
 
 import io
@@ -45,7 +47,7 @@ _U64 = re.compile(r"\+?[0-9]+", re.ASCII)
 # Proxy variables per URL scheme, first non-empty wins. Lowercase before uppercase, scheme-specific
 # before ALL_PROXY, as curl and Python `requests` do. Upstream delegates this to ureq 2, believed to take
 # the first set of ALL_PROXY, all_proxy, HTTPS_PROXY, https_proxy, HTTP_PROXY, http_proxy for every
-# scheme; that is unverified (behaviour.md §3.4), so the conventional per-scheme rule is used. curl
+# scheme; that is unverified (docs/behaviour.md §3.4), so the conventional per-scheme rule is used. curl
 # ignores uppercase HTTP_PROXY (the CGI "httpoxy" hazard); a worker is no CGI script, so it is honoured.
 # Empty values count as unset, as in curl and requests.
 _PROXY_VARS = {

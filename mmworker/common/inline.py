@@ -1,6 +1,6 @@
 """Inline media: ``data:`` URLs and strict base64, decoded against the request's byte budget.
 
-The decoder matches the Rust ``base64`` crate's STANDARD engine that sglang-mm uses (behaviour.md §3.2):
+The decoder matches the Rust ``base64`` crate's STANDARD engine that sglang-mm uses (docs/behaviour.md §3.2):
 standard alphabet, canonical ``=`` padding, zero trailing bits, no whitespace anywhere. Python's own
 decoders are laxer (``b64decode`` drops non-alphabet bytes; even ``strict_mode=True`` accepts non-zero
 trailing bits, so ``QR==`` gives ``b'A'``), so the canonical checks are done here explicitly before

@@ -214,7 +214,7 @@ def _upsample_row(near, far, sums, out):
     """jdsample.c's h2v2_fancy_upsample for one output row from chroma rows `near` (3/4) and `far`
     (1/4): 2 * len(near) samples, packed in pairs as the words of `out`. Every sum fits 16 bits
     (at most 16 * 255 + 8), and each step is cast back to them: numba widens integer arithmetic
-    to 64 bits, 4 lanes of a 256-bit vector where uint16 takes 16 (upsampling 12 MP: 7.4 -> 4.4 ms)."""
+    to 64 bits, 4 lanes of a 256-bit vector where uint16 takes 16."""
     columns = near.shape[0]
     for c in range(columns):
         sums[c] = uint16(uint16(_U3 * uint16(near[c])) + uint16(far[c]))

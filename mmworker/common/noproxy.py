@@ -1,6 +1,6 @@
 """NO_PROXY matching: which URLs bypass the proxy, as pure functions of a URL and a NO_PROXY string.
 
-The rules are those of sglang-mm (behaviour.md §3.5), which in turn follow Python `requests`:
+The rules are those of sglang-mm (docs/behaviour.md §3.5), which in turn follow Python `requests`:
 
 - entries are split on commas, trimmed, stripped of leading dots and lowercased; empty entries are ignored;
 - an entry ``*`` matches every URL;

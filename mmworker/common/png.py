@@ -35,7 +35,7 @@ downstream consumers (numba resamplers, `RgbImage.to_pil`) take either layout at
 Inflate: ISA-L (`isal`) when the zlib header is the ordinary one (32 KiB window, no preset
 dictionary) and the stream decodes completely to exactly the expected size with a valid Adler-32;
 zlib (Pillow's own library, with Pillow's stop-at-the-last-row semantics) otherwise. Inflating a
-valid stream has one correct answer, so both give the same bytes; ISA-L is ~3.5x faster. The one
+valid stream has one correct answer, so both give the same bytes; ISA-L is several times faster. The one
 difference is in what they refuse: ISA-L accepts some malformed Huffman tables that zlib rejects
 (incomplete codes, more than 286/30 codes). A stream like that which still decodes to the right
 length with a matching Adler-32 does not come out of any real encoder, but it can be built by

@@ -2,24 +2,21 @@
 
 A feature tensor is written once, in order, and then read by another process. Ordinary stores
 first read every destination cache line in (read-for-ownership) and evict whatever was cached;
-for an output far larger than L2 that doubles the memory traffic: filling 22.5 MB (one ~1 MP
-image's pixel_values) not in cache took 3.1 ms here against 1.1 ms with non-temporal stores (and
-1.1 ms with ordinary stores into a buffer already in cache, which a ring slot or a fresh
-allocation never is).
+for an output far larger than L2 (one ~1 MP image's pixel_values is 22.5 MB) that doubles the
+memory traffic. Non-temporal stores write the lines without reading them, as fast as ordinary
+stores into a buffer already in cache, which a ring slot or a fresh allocation never is.
 
 A kernel builds its output in order in a small staging array that stays in L1 and hands each
 filled chunk to `stream_out`, which stores 64-byte aligned runs non-temporally and the unaligned
 edges normally. `stream_fence` must follow the last store: non-temporal stores are weakly
 ordered, and the consumer is told the output is ready right after. `copy_line` moves 16 floats
 into the stage as one vector load and store: LLVM cannot prove that two numba arrays do not
-overlap, so it leaves short copies between them scalar (at 1288x728 the stage copies of
-pixel_values took 0.55-0.8 ms that way, 0.33 ms with this).
+overlap, so it leaves short copies between them scalar.
 
 An output made of equal runs of `n` floats gathered from elsewhere (a patch row each, in
 pixel_values) needs no stage when `runs_to_lines(n)` has an intrinsic for it: it loads the runs
 of a group of lcm(n, 16) floats into vectors, shuffles them into whole lines and stores those
-non-temporally, so every float is loaded and stored once (at 1288x728, 1.53 -> 1.25 ms for the
-whole patchify).
+non-temporally, so every float is loaded and stored once instead of twice.
 """
 
 import math

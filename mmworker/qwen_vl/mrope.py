@@ -12,7 +12,7 @@ def mrope_image_only(
 ) -> tuple[np.ndarray, int]:
     """(positions int64 [3, input_len], delta) for `items` = [(start, end inclusive, (t, h, w))].
 
-    behaviour.md §1.5: text tokens count up on all three rows; an image's tokens get
+    docs/behaviour.md §1.5: text tokens count up on all three rows; an image's tokens get
     (next + ti, next + hi, next + wi) over its merged grid, after which counting resumes at
     next + max(t, h/merge, w/merge). delta = max(positions) + 1 - input_len (-1 for an empty prompt).
     Identical for qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_5 (t = 1 for stills).

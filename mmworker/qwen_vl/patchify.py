@@ -1,6 +1,6 @@
 """Qwen's pixel_values from horizontally resized pixels: the vertical pass, normalisation and patch order in one kernel.
 
-pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (behaviour.md §7.3):
+pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (docs/behaviour.md §7.3):
 patches ordered (gh/m, gw/m, m, m) so each merge block of m x m patches is contiguous, and inside
 a patch (channel, temporal copy, row, column). A still image is repeated `tps` times along the
 temporal axis.
@@ -13,11 +13,10 @@ rows: each row is the vertical pass's fixed-point sum of source rows, clipped to
 normalised with the exact float32 operations of the processor being reproduced, into an L2-sized
 band of channel planes; then every merge block is streamed out with non-temporal stores
 (mmworker.common.stream): for patches of 14 or 16 pixels (every Qwen model) into a line-aligned
-output, as whole lines shuffled from its patch rows in registers; otherwise assembled in an L1
-stage from 16-float copies first (at 1288x728 the kernel took 1.53 ms that way, 1.25 ms without
-the stage). Output is written in order, one merge-block row at a time, so the source rows can
-arrive in bands (`PatchifyRows`) as a JPEG decodes: each band of merge-block rows is written as
-soon as the rows it reads are in.
+output, as whole lines shuffled from its patch rows in registers (each float loaded and stored
+once); otherwise assembled in an L1 stage from 16-float copies first. Output is written in
+order, one merge-block row at a time, so the source rows can arrive in bands (`PatchifyRows`) as
+a JPEG decodes: each band of merge-block rows is written as soon as the rows it reads are in.
 """
 
 from dataclasses import dataclass
@@ -200,9 +199,8 @@ def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset
     from source row `row0` on (bounds count rows from 0).
 
     Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
-    branch keeps LLVM from vectorising (measured at 1288x728 on the old LUT kernel: 10.5 -> 3.2 ms).
-    error_model="numpy": a float division may divide by zero without a check per element, which
-    is what lets the normalisation vectorise (0.3 vs 2.5 ms at 1288x728).
+    branch keeps LLVM from vectorising. error_model="numpy": a float division may divide by zero
+    without a check per element, which is what lets the normalisation vectorise.
     """
     n_w = uint64(src.shape[1])
     pixels = src.reshape(-1)

@@ -15,7 +15,7 @@ def _ratio_text(ratio: float) -> str:
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(height', width'): multiples of factor, pixel count inside [min_pixels, max_pixels] where possible.
 
-    SGLang's Python smart_resize in f64 (behaviour.md §7.2): Python's round (ties to even), a
+    SGLang's Python smart_resize in f64 (docs/behaviour.md §7.2): Python's round (ties to even), a
     `max(factor, .)` clamp, then the beta rescale; no "smaller than factor" error. Unlike Python,
     an image too thin for the budget is refused here instead of crashing inside PIL.
     """

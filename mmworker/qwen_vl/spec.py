@@ -1,6 +1,6 @@
 """The qwen_vl spec: which checkpoint's preprocessing to reproduce, parsed and checked once.
 
-Keys as in SGLang's `RustMmSpec` JSON (behaviour.md §7.1); unknown keys are ignored. One key is
+Keys as in SGLang's `RustMmSpec` JSON (docs/behaviour.md §7.1); unknown keys are ignored. One key is
 mmworker's own: `pillow`, the version string of the stock Pillow whose BICUBIC the `pil` mode
 reproduces (Qwen2VLImageProcessorPil resizes with whatever Pillow is installed beside it, and
 Pillow 12.2 and 13.0 changed the order of the resize's passes: mmworker.common.pillow). Absent, it

@@ -10,7 +10,7 @@ scripts/setup_reference.sh):
 Writes
   resize_cases.json   per case: source spec (rebuilt by sources.make_source), target size, and the
                       SHA-256 of the expected uint8 HWC output for pil_lanczos / pil_bicubic /
-                      aten_u8; plus the TV-R* vectors of behaviour.md §12 (checked here).
+                      aten_u8; plus the TV-R* vectors of docs/behaviour.md §12 (checked here).
   decode/*            small image files (PNG/GIF/BMP/WebP/JPEG accepted; TIFF/ICO/PPM/... rejected)
   decode_cases.json   per file: expected outcome ("ok" + h, w, SHA-256 of stock-Pillow
                       Image.open(b).convert("RGB") bytes, no exif_transpose) or "reject" + reason.
@@ -65,7 +65,7 @@ def resize_ref(src: np.ndarray, th: int, tw: int, resampler: str) -> np.ndarray:
     raise ValueError(resampler)
 
 
-# behaviour.md §12 expected outputs.
+# docs/behaviour.md §12 expected outputs.
 # fmt: off
 TV_R2 = [
     173, 45, 116, 139, 174, 116, 132, 171, 116, 180, 144, 189, 101, 149, 136, 134, 119, 145, 168,
@@ -123,7 +123,7 @@ def resize_case_specs() -> list[dict]:
     def rnd(h, w, seed):
         return {"kind": "random_rgb", "h": int(h), "w": int(w), "seed": int(seed)}
 
-    # behaviour.md §13.1 test_resize_parity fixed cases (seed h*10000+w).
+    # docs/behaviour.md §12 fixed resize cases (seed h*10000+w).
     for h, w, th, tw in [
         (1080, 1920, 1152, 2048),
         (896, 896, 1792, 1792),

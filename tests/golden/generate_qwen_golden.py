@@ -17,10 +17,10 @@ Writes (all under tests/golden/qwen/)
                        bytes are committed because encoders differ between library versions.
   qwen_cases.json      per (config, image, mode): the HF processor's pixel_values (shape, dtype,
                        SHA-256 of float32 LE C-order bytes) and image_grid_thw, or its error; the
-                       grid of the crate's smart_resize (behaviour.md §7.2); the Rust extension's
+                       grid of the crate's smart_resize (docs/behaviour.md §7.2); the Rust extension's
                        output; and whether they agree. mode "aten_u8" = transformers
                        Qwen2VLImageProcessor (torchvision backend), "pil" = Qwen2VLImageProcessorPil.
-  inkling_cases.json   Inkling bf16 patchify (behaviour.md §8, patch 40) for 4 plain cases and 3
+  inkling_cases.json   Inkling bf16 patchify (docs/behaviour.md §8, patch 40) for 4 plain cases and 3
                        rescale cases (scaled_dims + stock-Pillow LANCZOS): output size, bits SHA-256,
                        the bf16 LUT and pad values, the Rust extension's decode_patchify result.
   inkling_bits.npz     the full expected uint16 bits of the small Inkling cases (37x53, 40x40).
@@ -67,7 +67,7 @@ def _spec(ps, merge, tps, min_px, max_px, mean, std) -> dict:
     }
 
 
-# behaviour.md §7.1 PROCESSOR_CONFIGS plus the checkpoint values.
+# docs/behaviour.md §7.1 PROCESSOR_CONFIGS plus the checkpoint values.
 CONFIGS: dict[str, dict] = {
     "qwen2_vl_hf_default": _spec(14, 2, 2, 3136, 1003520, CLIP_MEAN, CLIP_STD),
     "qwen2_vl": _spec(14, 2, 2, 3136, 12845056, CLIP_MEAN, CLIP_STD),
@@ -105,11 +105,11 @@ IMAGES: list[tuple[str, int, int, int, tuple[str, ...]]] = [
     # h > 100*w and the height shrinks: stock Pillow 12.3.0 resizes such images vertically first
     # (Pillow PR #9524, Python side of Image.resize); pillow-simd and the crate go horizontal first.
     ("tall", 19, 2000, 48, ("png",)),
-    ("thin", 2800, 14, 46, ("png",)),  # 200:1; HF smart_resize != crate (behaviour.md §7.2 item 7)
+    ("thin", 2800, 14, 46, ("png",)),  # 200:1; HF smart_resize != crate (docs/behaviour.md §7.2 item 7)
     ("thin", 14, 2800, 47, ("png",)),
 ]
 
-# Inkling: behaviour.md §12 "Inkling golden fixtures" (h x w, seed) and rescale cases.
+# Inkling: docs/behaviour.md §12 "Inkling golden fixtures" (h x w, seed) and rescale cases.
 INKLING_PS = 40
 INKLING_PLAIN = [
     ("480x640", 480, 640, 10),
@@ -137,7 +137,7 @@ def sha256_bytes(b: bytes) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Crate formulas (behaviour.md §6, §7.2), written out here so the fixture records them
+# Crate formulas (docs/behaviour.md §6, §7.2), written out here so the fixture records them
 # --------------------------------------------------------------------------------------------
 
 
@@ -149,7 +149,7 @@ def rust_f64(x: float) -> str:
 
 
 def crate_smart_resize(h: int, w: int, factor: int, min_px: int, max_px: int) -> tuple[int, int]:
-    """behaviour.md §7.2, in f64 with Python round() (banker's rounding). Raises ValueError(text)."""
+    """docs/behaviour.md §7.2, in f64 with Python round() (banker's rounding). Raises ValueError(text)."""
     if h == 0 or w == 0:
         raise ValueError("empty image")
     ratio = max(h, w) / min(h, w)
@@ -186,7 +186,7 @@ def crate_grid(spec: dict, h: int, w: int) -> dict:
 
 
 def scaled_dims(w: int, h: int, frac: float | None, cap: int | None) -> tuple[int, int]:
-    """behaviour.md §6 (returns (w', h'), width first)."""
+    """docs/behaviour.md §6 (returns (w', h'), width first)."""
     if frac is None:
         return w, h
     long = max(w, h)
@@ -435,7 +435,7 @@ def main() -> None:
     for c in cases:
         if c["group"] != "thin":
             assert c["hf_grid_matches_crate"], c
-    # TV-Q4 (behaviour.md §12).
+    # TV-Q4 (docs/behaviour.md §12).
     tvq4 = next(
         c for c in cases if c["config"] == "qwen2_vl_hf_default" and c["image"] == image_name(1024, 768, 23, "jpg")
     )
@@ -490,7 +490,7 @@ def main() -> None:
         lut_canvas[...] = pad_bits
         lut_canvas[:h, :w] = lut_bits[np.arange(3), rgb]
         assert np.array_equal(canvas, lut_canvas)
-        # Spot-check the layout formula of behaviour.md §8 at a few indices.
+        # Spot-check the layout formula of docs/behaviour.md §8 at a few indices.
         for k, y, xx, c in ((0, 0, 0, 0), (npw - 1, ps - 1, ps - 1, 2), (nph * npw - 1, 3, 5, 1)):
             i, j = divmod(k, npw)
             py, px = i * ps + y, j * ps + xx
@@ -589,11 +589,11 @@ def main() -> None:
             "mode aten_u8 = Qwen2VLImageProcessor (torchvision backend, return_tensors='pt', 1 torch "
             "thread), mode pil = Qwen2VLImageProcessorPil (return_tensors='np'); sha256 of "
             "pixel_values as float32 little-endian C-order bytes; or error_type/error if HF raised. "
-            "crate_formula = behaviour.md §7.2 smart_resize grid (or the crate's error text). "
+            "crate_formula = docs/behaviour.md §7.2 smart_resize grid (or the crate's error text). "
             "rust = sglang 0.5.23 _multimodal.qwen_vl.preprocess(file bytes, json(spec + resample=mode)). "
             "rust_vs_hf: equal | values_differ (JPEG: zune-jpeg decode) | grid_differs | one_error | "
             "both_error. Where hf_grid_matches_crate is false, HF's own smart_resize disagrees with the "
-            "crate (behaviour.md §7.2 item 7); the target is the crate (rust). "
+            "crate (docs/behaviour.md §7.2 item 7); the target is the crate (rust). "
             "pillow_tall_vertical_first: pil mode on stock Pillow 12.3's tall-image path (h > 100*w "
             "and the height shrinks: Image.resize runs the vertical pass first, Pillow PR #9524); "
             "the crate and pillow-simd 12.1.1 (checked) run the horizontal pass first, so there "
@@ -611,7 +611,7 @@ def main() -> None:
     write_json(
         OUT / "inkling_cases.json",
         {
-            "about": "Inkling bf16 patchify goldens (behaviour.md §8, §12). bits = u16[nph*npw*ps*ps*3], "
+            "about": "Inkling bf16 patchify goldens (docs/behaviour.md §8, §12). bits = u16[nph*npw*ps*ps*3], "
             "nph = ceil(h'/ps), npw = floor(w'/ps) + 1, patch k = i*npw + j, HWC inside a patch, pad "
             "outside the image; value = bf16 RNE of (f32(v)*f32(1/255) - MEAN_c)/STD_c in f32 (torch "
             ".to(bfloat16)). Rescale cases: scaled_dims(w, h, frac, cap) then stock Pillow 12 "

@@ -28,7 +28,7 @@ def random_rgb(h: int, w: int, seed: int) -> np.ndarray:
 
 
 def photo_like(h: int, w: int, seed: int) -> np.ndarray:
-    """Smooth, photo-like uint8 RGB (behaviour.md §12 ``make_photo_like``).
+    """Smooth, photo-like uint8 RGB (docs/behaviour.md §12 ``make_photo_like``).
 
     Per-channel sinusoidal base plus N(0, 12) noise that is constant on 8x8 blocks (``np.kron`` of a
     (ceil(h/8), ceil(w/8), 3) normal draw), clipped to [0, 255] and truncated to uint8.
@@ -48,7 +48,7 @@ def photo_like(h: int, w: int, seed: int) -> np.ndarray:
     return np.clip(base, 0, 255, out=base).astype(np.uint8)
 
 
-# behaviour.md §12 TV-R1: H=6, W=8, RGB (144 bytes).
+# docs/behaviour.md §12 TV-R1: H=6, W=8, RGB (144 bytes).
 # fmt: off
 TV_R1_SOURCE = (
     190, 59, 63, 127, 17, 131, 195, 223, 131, 117, 197, 23, 180, 231, 134, 169, 170, 223, 116, 136,
