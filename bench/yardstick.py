@@ -1,5 +1,6 @@
 """What the benchmarks share: the reference Rust extension (a yardstick, loaded only here), timing, percentiles."""
 
+import contextlib
 import importlib
 import os
 import random
@@ -174,3 +175,18 @@ def cpu_steal_s() -> float:
     with open("/proc/stat") as f:
         fields = f.readline().split()
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_delay_s(pid: int | str = "self") -> float:
+    """Seconds the threads of process `pid` have waited, runnable, for a CPU so far (schedstat run_delay).
+
+    Pinned to one CPU of a shared machine, a benchmark waits whenever another process runs there;
+    a call it times then includes the other's time slices, and a short call escapes them more
+    often than a long one, so ratios lean towards the faster implementation. A run whose wait is
+    more than a few percent of its time was measured on a shared CPU. Threads that have exited are
+    not counted."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # the thread exited meanwhile
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
