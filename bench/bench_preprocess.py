@@ -32,12 +32,12 @@ in the main tree. A yardstick that is not installed is named at the start, with 
 its column is left out and its targets count as MISS. Also, warm only: the floor (decode alone +
 one write of the output, with non-temporal stores as the kernel writes it, into one of four buffers
 in turn so that it is not in cache: a ring slot never is) and peak RSS per image in a fresh process.
-The time the measuring processes waited, runnable, for their CPU (yardstick.run_delay_s) is
-printed with the tables: other processes pinned to that CPU (a test suite's pool workers) take
-time slices out of the timed calls, more often out of the long ones, which leans the ratios
-towards the faster implementation; a run that waited more than a few percent is to be judged so.
---json writes per protocol, case and implementation the median, range and per-round ms, the
-seconds measured and waited, and the targets.
+How long other processes ran on the measuring CPU meanwhile (its busy time less the measuring
+processes' CPU time) is printed with the tables: others on that CPU (a test suite's pool workers
+pin themselves there) take time slices out of the timed calls, more often out of the long ones,
+which leans the ratios towards the faster implementation; a run where they took more than a few
+percent is to be judged so. --json writes per protocol, case and implementation the median,
+range and per-round ms, the seconds measured and taken by others, and the targets.
 
     .venv/bin/python bench/bench_preprocess.py [--rounds 5] [--ref-root DIR] [--json out.json]
 """
@@ -62,11 +62,12 @@ from yardstick import (
     GET_REF_EXT,
     REF_ROOT_ENV,
     cold_medians,
+    cpu_busy_s,
     interleaved_medians,
     load_reference_extension,
     local_timer,
+    process_cpu_s,
     ref_root,
-    run_delay_s,
 )
 
 REF_PYTHON = Path(".venv-ref") / "bin" / "python"  # under the yardsticks' root (--ref-root)
@@ -290,8 +291,9 @@ def main() -> int:
     apart = family if len({family(n) for n in names}) > 1 else lambda name: name
     samples = {WARM: {key: {name: [] for name in timers} for key, timers in warm_timers.items()}}
     samples[COLD] = {key: {name: [] for name in timers if name in names} for key, timers in warm_timers.items()}
-    started, waited = time.perf_counter(), run_delay_s()
-    tv_waited = run_delay_s(torchvision.pid) if torchvision is not None else 0.0
+    # What other processes take of our CPU while we measure: its busy time less ours and torchvision's.
+    ours = [os.getpid()] + ([torchvision.pid] if torchvision is not None else [])
+    started, foreign = time.perf_counter(), cpu_busy_s(cpu) - sum(process_cpu_s(pid) for pid in ours)
     for turn in range(args.rounds):
         # Call by call in turn, torchvision's process too: a slow second of the shared machine
         # hits every implementation, and each call follows the others' as each of theirs does.
@@ -304,10 +306,8 @@ def main() -> int:
             samples[COLD][key][name].append(seconds * 1e3)
         print(f"round {turn + 1} of {args.rounds} measured", file=sys.stderr)
     measuring = time.perf_counter() - started
-    waited = run_delay_s() - waited
+    foreign = cpu_busy_s(cpu) - sum(process_cpu_s(pid) for pid in ours) - foreign
     if torchvision is not None:
-        tv_waited = run_delay_s(torchvision.pid) - tv_waited
-        waited += tv_waited
         torchvision.stdin.close()
         torchvision.wait()
 
@@ -321,10 +321,8 @@ def main() -> int:
         rss[key] = peak / nbytes
 
     print(f"\nbytes -> pixel_values, ms per image ({SPEC_NAME}, max_pixels {MAX_PIXELS}, 1 thread, CPU {cpu}),")
-    print(
-        f"median over {args.rounds} rounds (range); waited, runnable, for CPU {cpu}: {waited:.1f} s of {measuring:.0f}"
-    )
-    print(f"({100 * waited / measuring:.1f}%: what other processes on that CPU took from the timed calls, if much)")
+    print(f"median over {args.rounds} rounds (range); other processes ran on CPU {cpu} for {foreign:.1f} s of the")
+    print(f"{measuring:.0f} s measured ({100 * foreign / measuring:.0f}%: time they took from the timed calls)")
     verdicts: list[tuple[str, float | None, bool]] = []
     for protocol in PROTOCOLS:
         verdicts += report(protocol, samples[protocol], missing)
@@ -342,7 +340,7 @@ def main() -> int:
         out = {
             "rounds": args.rounds,
             "seconds measuring": measuring,
-            "seconds waited for the CPU": waited,
+            "seconds others ran on the CPU": foreign,
             "ms": {
                 protocol: {case_name(k): {n: spread(v) for n, v in by_name.items()} for k, by_name in cases.items()}
                 for protocol, cases in samples.items()

@@ -1,6 +1,5 @@
 """What the benchmarks share: the reference Rust extension (a yardstick, loaded only here), timing, percentiles."""
 
-import contextlib
 import importlib
 import os
 import random
@@ -177,16 +176,17 @@ def cpu_steal_s() -> float:
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def run_delay_s(pid: int | str = "self") -> float:
-    """Seconds the threads of process `pid` have waited, runnable, for a CPU so far (schedstat run_delay).
+def cpu_busy_s(cpu: int) -> float:
+    """Seconds CPU `cpu` has run anything so far (/proc/stat: user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in line.split()[1:8])
+                return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    raise ValueError(f"no cpu{cpu} in /proc/stat")
 
-    Pinned to one CPU of a shared machine, a benchmark waits whenever another process runs there;
-    a call it times then includes the other's time slices, and a short call escapes them more
-    often than a long one, so ratios lean towards the faster implementation. A run whose wait is
-    more than a few percent of its time was measured on a shared CPU. Threads that have exited are
-    not counted."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # the thread exited meanwhile
-            total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
+
+def process_cpu_s(pid: int | str = "self") -> float:
+    """Seconds of CPU time process `pid` has used so far, all its threads (/proc/<pid>/stat utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
