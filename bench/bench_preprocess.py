@@ -257,6 +257,8 @@ def main() -> int:
     }
     for name, how in missing.items():
         print(f"yardstick missing: {name}, left out (get it with {how})", file=sys.stderr)
+    if missing:
+        print(f"(yardsticks looked for under {args.ref_root}: --ref-root or ${REF_ROOT_ENV})", file=sys.stderr)
     warm_timers = {}  # case -> {implementation or floor: timer}
     output_mb = {}
     for key, (data, path) in images.items():
