@@ -2,30 +2,40 @@
 
 import importlib
 import os
+import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 
-REF_EXT = Path(__file__).resolve().parent.parent / ".cache" / "ref_ext"
+REF_ROOT_ENV = "MMWORKER_REF_ROOT"  # where the yardsticks were built, if not in this checkout
 GET_REF_EXT = "scripts/get_reference_ext.sh"  # what fetches it, for messages that say it is missing
 
 
-def load_reference_extension():
-    """The sglang 0.5.23 `_multimodal` module, single-threaded, or None if it was not fetched
-    (scripts/get_reference_ext.sh). Benchmarks only: mmworker never imports it."""
-    if not REF_EXT.is_dir():
+def ref_root() -> Path:
+    """The checkout whose scripts built the yardsticks (.cache/ref_ext, .venv-ref): $MMWORKER_REF_ROOT,
+    else this one. The scripts build them inside the checkout they run from (gitignored), so a git
+    worktree of the same repository finds them by pointing here at the tree that has them."""
+    env = os.environ.get(REF_ROOT_ENV)
+    return Path(env).resolve() if env else Path(__file__).resolve().parent.parent
+
+
+def load_reference_extension(root: Path | None = None):
+    """The sglang 0.5.23 `_multimodal` module under `root` (default `ref_root()`), single-threaded, or
+    None if it was not fetched (scripts/get_reference_ext.sh). Benchmarks only: mmworker never imports it."""
+    ref_ext = (root or ref_root()) / ".cache" / "ref_ext"
+    if not ref_ext.is_dir():
         return None
     os.environ["SGL_MM_RS_THREADS"] = "1"  # read when the extension builds its pool
-    sys.path.insert(0, str(REF_EXT))
+    sys.path.insert(0, str(ref_ext))
     try:
         return importlib.import_module("_multimodal")
     except ImportError as exc:
         print(f"(Rust extension not importable: {exc})")
         return None
     finally:
-        sys.path.remove(str(REF_EXT))
+        sys.path.remove(str(ref_ext))
 
 
 def median_seconds(fn: Callable[[], object], budget_s: float, min_runs: int = 3, max_runs: int = 200) -> float:
@@ -67,12 +77,76 @@ def interleaved_medians(timers: dict, budget_s: float, min_calls: int = 3, warm_
     implementation, wherever it runs, follows the others' calls alike, so each pays that alike.
     Cycles continue until `budget_s` has passed and each has been timed `min_calls` times.
     """
-    runs: dict = {name: [] for name in timers}
+    order = list(timers)
+    return _timed_cycles(timers, lambda: order, budget_s, min_calls, warm_calls)
+
+
+def cold_medians(
+    timers: dict,
+    budget_s: float,
+    min_calls: int = 3,
+    family: Callable[[str], Hashable] = lambda name: name,
+    seed: int = 0,
+) -> dict:
+    """{(implementation, image): timer} -> {(implementation, image): median seconds}, each call cold.
+
+    The cold-cache schedule: every cycle times each (implementation, image) once, with no untimed
+    call before it (`timer(0)`), in an order where every call follows a call of another
+    implementation on another image, the previous cycle's last call included. So a timed call finds
+    neither its input bytes nor its output buffer nor, beyond what the previous call shares with it,
+    its code and tables in cache: a pool worker's previous call was another image, and between two
+    calls of a worker other processes run on its core. `family(implementation)` names what must
+    differ from one call to the next: implementations of one family (two modes of one library) share
+    code and tables, so one would warm the other's. Each cycle's order is drawn anew (seeded), so a
+    call does not always follow the same one. The timers are those of `interleaved_medians`, and the
+    cycles continue on the same terms: until `budget_s` has passed and each was timed `min_calls` times.
+    """
+    orders = _cold_orders(list(timers), family, random.Random(seed))
+    return _timed_cycles(timers, lambda: next(orders), budget_s, min_calls, warm_calls=0)
+
+
+def _timed_cycles(timers: dict, cycle: Callable[[], list], budget_s: float, min_calls: int, warm_calls: int) -> dict:
+    """{key: timer} -> {key: median seconds}, timing the keys in the order `cycle()` gives, cycle after cycle."""
+    runs: dict = {key: [] for key in timers}
     deadline = time.perf_counter() + budget_s
-    while len(next(iter(runs.values()))) < min_calls or time.perf_counter() < deadline:
-        for name, timer in timers.items():
-            runs[name].append(timer(warm_calls))
-    return {name: statistics.median(r) for name, r in runs.items()}
+    while min(len(r) for r in runs.values()) < min_calls or time.perf_counter() < deadline:
+        for key in cycle():
+            runs[key].append(timers[key](warm_calls))
+    return {key: statistics.median(r) for key, r in runs.items()}
+
+
+def _cold_orders(keys: list, family: Callable[[str], Hashable], rng: random.Random) -> Iterator[list]:
+    """Orders of the (implementation, image) `keys`, one per cycle, no two neighbours (across cycles
+    too) of one family or one image. Greedy, the family with the most calls left first (the usual way
+    to keep one family's calls apart), ties broken at random; a dead end starts the cycle afresh."""
+
+    def apart(a: tuple, b: tuple) -> bool:
+        return family(a[0]) != family(b[0]) and a[1] != b[1]
+
+    last = None
+    while True:
+        for _ in range(1000):
+            left, order, prev = list(keys), [], last
+            rng.shuffle(left)
+            while left:
+                choices = [k for k in left if prev is None or apart(prev, k)]
+                if not choices:
+                    break
+                count = {}
+                for k in left:
+                    count[family(k[0])] = count.get(family(k[0]), 0) + 1
+                prev = max(choices, key=lambda k: count[family(k[0])])  # first of the most: shuffled
+                left.remove(prev)
+                order.append(prev)
+            if not left:
+                break
+        else:
+            raise ValueError(
+                f"no cold-cache order of {len(keys)} calls: it needs at least two families of implementations and "
+                "two images (every call must follow another family's call on another image)"
+            )
+        last = order[-1]
+        yield order
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -100,3 +174,19 @@ def cpu_steal_s() -> float:
     with open("/proc/stat") as f:
         fields = f.readline().split()
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_busy_s(cpu: int) -> float:
+    """Seconds CPU `cpu` has run anything so far (/proc/stat: user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in line.split()[1:8])
+                return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    raise ValueError(f"no cpu{cpu} in /proc/stat")
+
+
+def process_cpu_s(pid: int | str = "self") -> float:
+    """Seconds of CPU time process `pid` has used so far, all its threads (/proc/<pid>/stat utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
