@@ -124,7 +124,9 @@ class QwenVL:
             # Decoded pixels (4 bytes each) outweighing half the feature would set the item's
             # peak memory: rows are resized and patchified as they are decoded, and no whole
             # image ever exists (a 12 MP photo's peak falls to about 1.3x its feature). The feature is lent to the
-            # decode, which may hold a 4:2:0 file's planes in what the patchify has not yet written.
+            # decode, which may hold a 4:2:0 file's planes in what the patchify has not yet written. A bf16
+            # feature is half as large, and a 12 MP photo's planes do not fit in it at the default budget: its
+            # decode then streams through Pillow's ring of rows (mmworker.common.jpeg_rows), the slower way.
             feature = alloc(shape, spec.feature_storage)
             rows = PatchifyRows(vertical, self._norm, *patch, (image.height, tw), feature)
             horizontal_rows(image, tw, resampler, rows.overlap, rows, rows.lent())
