@@ -124,7 +124,10 @@ def to_sglang(reply: Reply) -> dict[str, Any]:
     """SGLang's processor-output dict for an accepted reply, built from views (no copy, no torch).
 
     `mm_items` entries are what `MultimodalDataItem.from_dict` accepts: the family's `modality`, and
-    its `model_data` of each item's aux views as `model_specific_data`; the family's `token_ids`
+    its `model_data` of each item's aux views as `model_specific_data`; each `feature` is the
+    reply's view as is, in the family's dtype: for bfloat16 features (Inkling's, a qwen_vl spec's
+    `feature_dtype = "bfloat16"`) uint16 holding the bf16 bits, since numpy has no bfloat16 (a torch
+    consumer views them with `torch.from_numpy(f).view(torch.bfloat16)`, zero-copy); the family's `token_ids`
     (`im_token_id`, `im_start_id`, ... those its spec names) sit beside them. For an M-RoPE family
     `mrope_positions` is the int64 [3, L] view and `mrope_position_delta` an int64 [[delta]] array
     (SGLang's scheduler-side code wraps them with torch.from_numpy, which is zero-copy too); a family

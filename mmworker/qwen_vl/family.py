@@ -10,6 +10,8 @@ An image is resized in one of three ways, each giving the bytes of its HF proces
   images over 100 times taller than wide, Pillow 13 whenever the height shrinks by more than twice
   as many pixels as the width). Decoded whole (such a JPEG is not streamed, however large), its
   vertical pass, then its horizontal pass, then the patchify with the identity vertical pass.
+Each writes the feature in the spec's `feature_dtype` (float32, or bf16 bits in uint16), in the
+patchify's stores: no way computes a float32 copy first.
 """
 
 from collections.abc import Mapping, Sequence
@@ -62,7 +64,8 @@ class QwenVL:
         resize = {"aten_u8": "torchvision's uint8 BICUBIC (Qwen2VLImageProcessor)",
                   "pil": f"stock Pillow {spec.pillow}'s BICUBIC (Qwen2VLImageProcessorPil)"}[spec.resample]  # fmt: skip
         return (f"qwen_vl: patch {spec.patch_size}, merge {spec.merge_size}, "
-                f"{spec.min_pixels}..{spec.max_pixels} pixels, resize {resize}")  # fmt: skip
+                f"{spec.min_pixels}..{spec.max_pixels} pixels, resize {resize}, "
+                f"{spec.feature_dtype} features")  # fmt: skip
 
     def image_prompt(self) -> tuple[int, ...]:
         spec = self.spec
@@ -111,7 +114,7 @@ class QwenVL:
             decoded = image.load() if isinstance(image, JpegRows) else image
             shrunk = vertical_resize(decoded, th, resampler, consume=True)
             resized = horizontal_resize(shrunk, tw, resampler, consume=True)
-            feature = alloc(shape, np.dtype(np.float32))
+            feature = alloc(shape, spec.feature_storage)
             patchify_into(resized.pixels, vertical_coefficients(th, th, resampler), self._norm, *patch, feature)
             return self._item(feature, grid)
         # The resize's vertical pass runs inside the patchify (see its module), on the rows of the
@@ -121,8 +124,10 @@ class QwenVL:
             # Decoded pixels (4 bytes each) outweighing half the feature would set the item's
             # peak memory: rows are resized and patchified as they are decoded, and no whole
             # image ever exists (a 12 MP photo's peak falls to about 1.3x its feature). The feature is lent to the
-            # decode, which may hold a 4:2:0 file's planes in what the patchify has not yet written.
-            feature = alloc(shape, np.dtype(np.float32))
+            # decode, which may hold a 4:2:0 file's planes in what the patchify has not yet written. A bf16
+            # feature is half as large, and a 12 MP photo's planes do not fit in it at the default budget: its
+            # decode then streams through Pillow's ring of rows (mmworker.common.jpeg_rows), the slower way.
+            feature = alloc(shape, spec.feature_storage)
             rows = PatchifyRows(vertical, self._norm, *patch, (image.height, tw), feature)
             horizontal_rows(image, tw, resampler, rows.overlap, rows, rows.lent())
             rows.finish()
@@ -131,7 +136,7 @@ class QwenVL:
             # and resized in place, so that the feature allocated after it can reuse the memory.
             decoded = image.load() if isinstance(image, JpegRows) else image
             resized = horizontal_resize(decoded, tw, resampler, consume=True)
-            feature = alloc(shape, np.dtype(np.float32))
+            feature = alloc(shape, spec.feature_storage)
             patchify_into(resized.pixels, vertical, self._norm, *patch, feature)
         return self._item(feature, grid)
 

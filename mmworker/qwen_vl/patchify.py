@@ -1,6 +1,7 @@
 """Qwen's pixel_values from horizontally resized pixels: the vertical pass, normalisation and patch order in one kernel.
 
-pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (docs/behaviour.md §7.3):
+pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (docs/behaviour.md §7.3),
+or the same as bfloat16 (uint16 storage of bf16 bits: the spec's `feature_dtype`):
 patches ordered (gh/m, gw/m, m, m) so each merge block of m x m patches is contiguous, and inside
 a patch (channel, temporal copy, row, column). A still image is repeated `tps` times along the
 temporal axis.
@@ -17,6 +18,12 @@ output, as whole lines shuffled from its patch rows in registers (each float loa
 once); otherwise assembled in an L1 stage from 16-float copies first. Output is written in
 order, one merge-block row at a time, so the source rows can arrive in bands (`PatchifyRows`) as
 a JPEG decodes: each band of merge-block rows is written as soon as the rows it reads are in.
+
+A bfloat16 output goes the same way: the band holds the exact float32 values, and each is
+rounded to nearest even bf16 as it is streamed out (mmworker.common.stream), so it equals the
+float32 output narrowed (torch's `.to(torch.bfloat16)`) bit for bit, with half the bytes written and
+no float32 copy of the image. That rounding is exact for finite values only, and these are: a
+clipped byte minus a finite offset, divided by a finite non-zero scale (the spec checks both).
 """
 
 from dataclasses import dataclass
@@ -64,7 +71,8 @@ def patchify_into(
     temporal: int,
     out: np.ndarray,
 ) -> None:
-    """Write pixel_values into out (float32 [gh * gw, 3 * temporal * patch^2], C-contiguous).
+    """Write pixel_values into out (float32 [gh * gw, 3 * temporal * patch^2], C-contiguous; or uint16
+    of that shape, which receives bf16 bits: module docstring).
 
     `pixels`: (h, w, 4) uint8, C-contiguous, R, G, B and a byte that is ignored; w must be a
     multiple of patch * merge. `vertical`: (bounds, weights, precision) of the vertical pass from h
@@ -111,8 +119,10 @@ class PatchifyRows:
         if not 1 <= precision <= 22 or weights.shape[0] != out_h or bounds.shape != (out_h, 2):
             raise MmError(f"patchify: bad vertical pass coefficients (precision {precision})")
         expected = ((out_h // patch) * (w // patch), 3 * temporal * patch * patch)
-        if out.dtype != np.float32 or out.shape != expected or not out.flags.c_contiguous:
-            raise MmError(f"patchify: out must be C-contiguous float32 {expected}, got {out.dtype} {out.shape}")
+        if out.dtype not in (np.float32, np.uint16) or out.shape != expected or not out.flags.c_contiguous:
+            raise MmError(
+                f"patchify: out must be C-contiguous float32 or uint16 (bf16) {expected}, got {out.dtype} {out.shape}"
+            )
         self._bounds = np.ascontiguousarray(bounds, np.int32)
         self._weights = np.ascontiguousarray(weights, np.int32)
         # Source rows [start, end) each merge-block row reads; a block row is written in order,
@@ -196,7 +206,9 @@ def _row_plan(bounds, taps, height, block, starts, ends):
 @njit(cache=True, error_model="numpy")
 def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset, scale, patch, merge, temporal, out):
     """The kernel behind `patchify_into`; src is the pixels as uint32 [h, w] (one word per pixel),
-    from source row `row0` on (bounds count rows from 0).
+    from source row `row0` on (bounds count rows from 0). out is float32, or uint16 for bf16 bits:
+    numba compiles one of each; they differ only in the streaming stores, which narrow the float32
+    band's values as they write them (mmworker.common.stream).
 
     Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
     branch keeps LLVM from vectorising. error_model="numpy": a float division may divide by zero
@@ -214,10 +226,11 @@ def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset
     half, shift = int32(1 << (precision - 1)), int32(precision)
     ksize = uint64(weights.shape[1])
     taps = weights.reshape(-1)
-    block = uint64(merge * merge * 3 * temporal) * n_patch * n_patch  # floats of one merge block
+    block = uint64(merge * merge * 3 * temporal) * n_patch * n_patch  # values of one merge block
     address = out.ctypes.data
-    # A merge block of patch rows of 14 or 16 floats goes straight from the band to out as whole
-    # lines when out is line-aligned; otherwise it is assembled in an L1 stage and streamed.
+    # A merge block of patch rows of 14 or 16 values goes straight from the band to out as whole
+    # lines when out is line-aligned (a group is whole lines in float32 and bf16 alike, so every
+    # block then starts on a line); otherwise it is assembled in an L1 stage and streamed.
     group = uint64(_GROUP_OF_14 if patch == 14 else _GROUP_OF_16 if patch == 16 else 0)
     direct = group > 0 and block % group == 0 and address % LINE_BYTES == 0
     # Where each patch row of a merge block starts in the band, from the block's first column, in

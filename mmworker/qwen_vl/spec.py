@@ -8,6 +8,13 @@ is the installed Pillow's version, or "12.1.1" under pillow-simd (whose own resi
 `pil` has always meant stock Pillow 12 there). A version outside 12.0-13.x is refused (MmError), so
 that a caller can fall back to its own path. `to_mapping` writes the version resolved, so that a
 process given the mapping follows the same rule as the one that parsed it.
+
+Another is `feature_dtype`: "float32" (the default: HF's pixel_values) or "bfloat16", the same values
+each rounded to nearest even bf16 (as `torch.from_numpy(pixel_values).to(torch.bfloat16)`), in half
+the bytes, held as uint16 bf16 bits (numpy has no bfloat16). SGLang's Qwen vision towers cast
+pixel_values to their own dtype, bfloat16 for the released checkpoints, so the model sees the same
+input either way. It is a key of the spec, and nowhere else (no pool setting): the spec is what
+fixes a feature's bytes, what the pool hands its workers and what names a result.
 """
 
 from collections.abc import Mapping
@@ -22,6 +29,8 @@ from mmworker.errors import MmError
 # Which Hugging Face processor a spec reproduces bit for bit: "aten_u8" = Qwen2VLImageProcessor
 # (torchvision on uint8; the default), "pil" = Qwen2VLImageProcessorPil.
 RESAMPLE_MODES = ("aten_u8", "pil")
+# The feature's dtype -> its storage: bf16 bits in uint16 (module docstring).
+FEATURE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16)}
 
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -61,6 +70,7 @@ class QwenSpec:
     image_mean: tuple[float, float, float]  # float32 values
     image_std: tuple[float, float, float]
     resample: str = "aten_u8"
+    feature_dtype: str = "float32"  # or "bfloat16" (module docstring)
     # The stock Pillow version whose BICUBIC the pil mode reproduces (module docstring). None given
     # means the installed one, resolved on construction; it stays None only for aten_u8 under an
     # installed Pillow that the pil mode could not reproduce (aten_u8 never resizes as Pillow does).
@@ -72,6 +82,11 @@ class QwenSpec:
     video_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.feature_dtype, str) or self.feature_dtype not in FEATURE_DTYPES:
+            raise MmError(
+                f"qwen_vl spec: `feature_dtype` must be one of {', '.join(map(repr, FEATURE_DTYPES))}, "
+                f"got {self.feature_dtype!r}"
+            )
         if self.pillow is not None:
             try:
                 check_version(self.pillow)
@@ -97,6 +112,11 @@ class QwenSpec:
     def feature_dim(self) -> int:
         """Floats per patch row of pixel_values: 3 * temporal_patch_size * patch_size^2."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @property
+    def feature_storage(self) -> np.dtype:
+        """The numpy dtype features are written in: float32, or uint16 holding bf16 bits."""
+        return FEATURE_DTYPES[self.feature_dtype]
 
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> "QwenSpec":
@@ -155,6 +175,7 @@ class QwenSpec:
             image_mean=triple("image_mean"),
             image_std=std,
             resample=resample,
+            feature_dtype=spec.get("feature_dtype", "float32"),
             pillow=spec.get("pillow"),
             **optional,
         )
@@ -172,6 +193,7 @@ class QwenSpec:
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
             "resample": self.resample,
+            "feature_dtype": self.feature_dtype,
             **({"pillow": self.pillow} if self.pillow is not None else {}),
             **{
                 name: getattr(self, name)

@@ -16,7 +16,14 @@ being approximated, and the reason is logged once. What it reads:
 
 The pool configuration mirrors SGLang's own media behaviour (private addresses and local files are
 readable, as SGLang reads them); an operator can override any pool setting with a TOML file named by
-`MMWORKER_SGLANG_CONFIG` (keys of `mmworker.pool.config`).
+`MMWORKER_SGLANG_CONFIG` (keys of `mmworker.pool.config`). One key of that file is the plug-in's own
+and goes into the spec instead: `feature_dtype` ("float32" by default, or "bfloat16"; the qwen_vl
+spec's key). float32 is what SGLang's own processor hands on, so the default stays bit for bit
+SGLang's path; "bfloat16" halves the features' shared memory and host-to-device bytes, and gives
+the model the same input wherever the vision tower runs in bfloat16, as the released checkpoints
+do: SGLang's Qwen models cast `pixel_values` to the tower's dtype before using them
+(`get_image_feature`'s `.type(self.visual.dtype)` for Qwen2-VL and 2.5-VL, the `dtype` of
+`materialize_multimodal_features` for 3-VL and 3.5). A tower in float32 would see the rounded values.
 """
 
 import os
@@ -30,7 +37,7 @@ from mmworker.common import pillow
 from mmworker.common.budget import MAX_FETCH_BYTES
 from mmworker.errors import MmError
 from mmworker.pool.config import PoolConfig
-from mmworker.qwen_vl.spec import QwenSpec
+from mmworker.qwen_vl.spec import FEATURE_DTYPES, QwenSpec
 
 SERVED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 # HF image processor class -> the mmworker resample mode equal to it bit for bit.
@@ -41,6 +48,8 @@ RESAMPLE_OF_PROCESSOR = {
 }
 MIRRORED_IMAGE_OVERRIDES = frozenset({"min_pixels", "max_pixels"})
 CONFIG_ENV = "MMWORKER_SGLANG_CONFIG"
+# Keys of the CONFIG_ENV file that are the plug-in's own (they go into the spec), not the pool's.
+SPEC_KEYS = ("feature_dtype",)
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC, as HF stores `resample`
 
 
@@ -77,6 +86,7 @@ class Plan:
             return f"mmworker: serving nothing for this model ({self.declined}); SGLang's own processor runs"
         spec = self.spec
         mode = spec["resample"] + (f" (Pillow {spec['pillow']})" if spec.get("pillow") else "")
+        mode += f", {spec.get('feature_dtype', 'float32')} features"
         workers = self.pool_config.get("workers", "auto")
         urls = "and http(s) URLs" if self.urls else f"(http(s) URLs delegated: {self.urls_declined})"
         return (
@@ -91,8 +101,9 @@ class Plan:
 def resolve(image_processor: Any, facts: ServerFacts, environ: Mapping[str, str] = os.environ) -> Plan:
     """The plan for this model: what to serve and the pool's configuration, or why nothing is served."""
     name = type(image_processor).__name__
+    spec_settings = operator_spec_settings(environ)  # an operator's mistake stops the start, not just this model
     try:
-        spec = _spec(image_processor, facts)
+        spec = {**_spec(image_processor, facts), **spec_settings}
         spec = QwenSpec.from_mapping(spec).to_mapping()  # mmworker's own checks (and the Pillow it reproduces)
     except _Declined as why:
         return Plan(spec=None, declined=str(why), processor_class=name)
@@ -126,21 +137,44 @@ def resolve(image_processor: Any, facts: ServerFacts, environ: Mapping[str, str]
     )
 
 
+def _operator_file(environ: Mapping[str, str]) -> tuple[str | None, dict[str, Any]]:
+    """(path, contents) of the operator's TOML file (MMWORKER_SGLANG_CONFIG); (None, {}) if unset."""
+    path = environ.get(CONFIG_ENV)
+    if not path:
+        return None, {}
+    try:
+        return path, tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise MmError(f"{CONFIG_ENV}={path}: {exc}") from exc
+
+
+def operator_spec_settings(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The spec keys the operator's TOML file sets (SPEC_KEYS), checked; {} when it sets none.
+
+    `feature_dtype` defaults to float32 (module docstring), so that served features equal SGLang's own
+    unless the operator opts in."""
+    path, data = _operator_file(environ)
+    settings = {key: data[key] for key in SPEC_KEYS if key in data}
+    dtype = settings.get("feature_dtype", "float32")
+    if not isinstance(dtype, str) or dtype not in FEATURE_DTYPES:
+        raise MmError(
+            f"{CONFIG_ENV}={path}: `feature_dtype` must be one of {', '.join(map(repr, FEATURE_DTYPES))}, got {dtype!r}"
+        )
+    return settings
+
+
 def pool_config(facts: ServerFacts, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The pool's settings: SGLang's worker count, replies as they finish, SGLang's media behaviour;
-    then the operator's TOML file (MMWORKER_SGLANG_CONFIG), key by key, over them."""
+    then the operator's TOML file (MMWORKER_SGLANG_CONFIG), key by key, over them (all but SPEC_KEYS,
+    which `operator_spec_settings` puts into the spec)."""
     config: dict[str, Any] = {
         "workers": facts.processor_workers or "auto",
         "ordered": False,  # each request awaits its own reply: a slow one must not hold the others
         # SGLang fetches from any host (private ones too) and reads any local path; so does the pool here.
         "media": {"allow_private": True, "allowed_local_roots": ["/"]},
     }
-    path = environ.get(CONFIG_ENV)
-    if path:
-        try:
-            config.update(tomllib.loads(Path(path).read_text()))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise MmError(f"{CONFIG_ENV}={path}: {exc}") from exc
+    path, data = _operator_file(environ)
+    config.update({key: value for key, value in data.items() if key not in SPEC_KEYS})
     try:
         PoolConfig.from_mapping(config)  # checked now, at start, not when the first request comes
     except MmError as exc:

@@ -17,6 +17,9 @@ set, else the pool's automatic plan, which keeps the cores SGLang reserves for i
 The hand-off copies nothing: each item's `feature` is `torch.from_numpy` of the pool's read-only
 view into its worker's ring (SGLang copies CPU features itself on the way to the scheduler, into its
 message frames or shared-memory stubs, and never writes to them), and so are the M-RoPE positions.
+With the spec's `feature_dtype` "bfloat16" (an operator's choice, float32 by default:
+mmworker.sglang.plan) the view is uint16 holding bf16 bits and the tensor is its
+`.view(torch.bfloat16)`, the same memory; SGLang's Qwen models cast features to the vision tower's dtype.
 The reply's memory goes back to its worker when SGLang has dropped every tensor viewing it; a
 consumer that keeps them too long makes later requests fail with a clear "shared memory full"
 error (HTTP 503), never a hang or overwritten data. Hashes are mmworker's (blake3 of the encoded
@@ -107,6 +110,7 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         self._rejected: Counter[str] = Counter()
         self._pool: WorkerPool | None = None
         self._prompting: Prompting | None = None
+        self._bf16 = False  # features are uint16 bf16 bits, handed on as torch.bfloat16 (module docstring)
         if kwargs.get("skip_mm_pool", False):  # the scheduler's instance: M-RoPE only, no processes, no memory
             self.plan = planning.Plan(spec=None, declined="the scheduler's instance (skip_mm_pool)")
             return
@@ -118,6 +122,7 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         log.info(self.plan.describe())
         if self.plan.spec is None:
             return
+        self._bf16 = self.plan.spec.get("feature_dtype") == "bfloat16"
         try:
             self._pool = WorkerPool(self.plan.spec, self.plan.pool_config)
         except MmError as exc:  # SGLang's own path still serves everything: say so, do not stop the server
@@ -222,9 +227,12 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         items = []
         for item, offset in zip(reply.items, reply.offsets, strict=True):
             grid = torch.from_numpy(item.aux["image_grid_thw"].reshape(1, 3))  # int64 [[t, h, w]], as SGLang's
+            feature = torch.from_numpy(item.feature)
+            if self._bf16:  # uint16 bf16 bits -> the bf16 tensor they are, zero-copy (numpy has no bfloat16)
+                feature = feature.view(torch.bfloat16)
             mm_item = MultimodalDataItem(
                 modality=Modality.IMAGE,
-                feature=torch.from_numpy(item.feature),
+                feature=feature,
                 offsets=[offset],
                 model_specific_data={"image_grid_thw": grid},
             )
