@@ -51,7 +51,6 @@ class Engine:
                  supervisor: Supervisor, leases: Leases) -> None:  # fmt: skip
         self._res = resources
         self._family = family
-        self._token_ids = family.token_ids()  # every reply carries them (one dict for all)
         self._inflight = inflight
         self._dispatcher = dispatcher
         self._supervisor = supervisor
@@ -164,7 +163,7 @@ class Engine:
             request_id=req.request_id, ok=True, input_ids=input_ids, offsets=offsets, items=items,
             positions=positions, delta=meta.get(naming.DELTA), busy_ms=done.busy_ms,
             queued_ms=(req.dispatched - req.submitted) * 1e3, to_worker_ms=(done.started - req.dispatched) * 1e3,
-            worker=slot.index, nbytes=held, token_ids=self._token_ids, family=self._family, _lease=lease,
+            worker=slot.index, nbytes=held, family=self._family, _lease=lease,
         )  # fmt: skip
 
     def _on_io(self, message, payload) -> None:

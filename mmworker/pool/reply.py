@@ -59,9 +59,13 @@ class Reply:
     busy_ms: float = 0.0  # time the worker spent on it
     worker: int | None = None  # which worker produced it
     nbytes: int = 0  # shared memory the reply holds until released
-    token_ids: dict[str, int] = field(default_factory=dict)  # SGLang's im_token_id, im_start_id, ... (the family's)
     family: Family | None = field(default=None, repr=False)
     _lease: Lease | None = field(default=None, repr=False)
+
+    @property
+    def token_ids(self) -> dict[str, int]:
+        """SGLang's im_token_id, im_start_id, ...: those the family's spec names (none without a family)."""
+        return self.family.token_ids() if self.family is not None else {}
 
     @property
     def returned_ms(self) -> float:
@@ -153,7 +157,7 @@ def to_sglang(reply: Reply) -> dict[str, Any]:
         )
     # The token ids let SGLang's scheduler find and pad the image tokens (pad_mm_tokens skips a
     # modality whose token id is unknown).
-    out: dict[str, Any] = {"input_ids": reply.input_ids, "mm_items": items, **reply.token_ids}
+    out: dict[str, Any] = {"input_ids": reply.input_ids, "mm_items": items, **family.token_ids()}
     if reply.positions is not None:
         out["mrope_positions"] = reply.positions
         out["mrope_position_delta"] = np.array([[reply.delta]], np.int64)
