@@ -49,13 +49,16 @@ def cache_dir() -> Path:
     return Path(base) / "mmworker"
 
 
+_COMPLETE = ".complete"  # written last: a directory without it is a build that did not finish
+
+
 def default_dir(seed: int) -> Path:
     """Where the built-in corpus for `seed` lives (complete once `is_complete` says so)."""
     return cache_dir() / f"loadtest-corpus-v{CORPUS_VERSION}-seed{seed}"
 
 
 def is_complete(directory: Path) -> bool:
-    return (directory / ".complete").exists()
+    return (directory / _COMPLETE).exists()
 
 
 def default_images() -> list[tuple[str, int, int, str]]:
@@ -70,8 +73,7 @@ def default_images() -> list[tuple[str, int, int, str]]:
 def build(directory: Path, seed: int) -> Path:
     """Write the built-in corpus for `seed` into `directory` (files already there are kept, so an
     interrupted build resumes) and mark it complete; returns `directory`."""
-    done = directory / ".complete"
-    if done.exists():
+    if is_complete(directory):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
     for k, (name, w, h, fmt) in enumerate(default_images(), start=1):
@@ -81,7 +83,7 @@ def build(directory: Path, seed: int) -> Path:
             tmp = path.with_suffix(".part")
             tmp.write_bytes(data)
             tmp.rename(path)
-    done.write_text("ok\n")
+    (directory / _COMPLETE).write_text("ok\n")
     return directory
 
 
