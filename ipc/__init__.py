@@ -4,6 +4,7 @@
 |---|---|
 | `segment` | POSIX shared-memory segments: create (0600, fallocate), attach or map an inherited fd, unlink, sweep |
 | `ring` | `RingWriter` (a writer's allocator over its own segment), `RingReader` (checked zero-copy views) |
+| `heap` | `HeapWriter`: a writer's any-order, best-fit allocator over its own segment (read with `RingReader`) |
 | `wire` | versioned msgspec messages and their checked decoding; never pickle |
 | `channels` | ZeroMQ on private ipc:// endpoints: the client's `Router`, its peers' `Dealer`s (the I/O process) |
 | `records` | wire messages as SOCK_SEQPACKET records: size limit, adopting an inherited end, receiving |
