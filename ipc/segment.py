@@ -152,13 +152,14 @@ class Segment:
             raise SharedMemoryError(f"shared memory: cannot open {self.name} for reading: {exc.strerror}") from exc
 
     @classmethod
-    def map_fd(cls, fd: int) -> "Segment":
-        """Map an inherited read-only descriptor of a segment (see `reader_fd`); the fd stays open."""
+    def map_fd(cls, fd: int, *, writable: bool = False) -> "Segment":
+        """Map an inherited descriptor of a segment (see `reader_fd`, `anonymous`), read-only unless
+        `writable` (which needs a descriptor opened for writing); the fd stays open."""
         try:
-            size, buf = _map(fd, f"descriptor {fd}", writable=False, flags=mmap.MAP_SHARED)
+            size, buf = _map(fd, f"descriptor {fd}", writable=writable, flags=mmap.MAP_SHARED)
         except OSError as exc:
             raise SharedMemoryError(f"shared memory: cannot map descriptor {fd}: {exc.strerror}") from exc
-        return cls(f"fd:{fd}", size, buf, owner=False, writable=False)
+        return cls(f"fd:{fd}", size, buf, owner=False, writable=writable)
 
     @property
     def buffer(self) -> memoryview:

@@ -8,13 +8,16 @@ Steps (docs/behaviour.md §2.2), single-threaded, no pools:
      ByteBudget shared by the whole request;
   3. per item, in order: content hash of the raw bytes -> decode -> family.process_item;
   4. prompt ids (after the images, so an image error wins over a missing prompt);
-  5. family.layout -> apply_layout -> family.positions, then the hand-off checks the scheduler makes.
+  5. family.layout -> apply_layout -> family.positions, then the hand-off checks the scheduler makes
+     (`assemble`: also what a pool's client runs alone for a request whose images it all has cached).
+Items computed before (`known`: a pool's cache hits) skip steps 2 and 3: the driver takes their
+hash and geometry as given, and their sources are neither read nor charged to the budget.
 Any error anywhere rejects the whole request with one MmError naming the cause (and the image, when
 one image caused it); with inline processing that is always the lowest-index failure. A pool
 worker's BudgetExceeded (not an MmError: mmworker.errors) gets its image named the same way.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,21 +50,36 @@ class ItemOutput:
     geometry: Geometry
 
 
+@dataclass(frozen=True)
+class KnownItem:
+    """An item computed before (a pool's cache hit): what the prompt's layout and positions need of it."""
+
+    hash: int
+    geometry: Geometry
+
+
 @dataclass(frozen=True, eq=False)
 class Output:
-    """An accepted request: expanded ids (int64), items in prompt order, inclusive offsets, positions."""
+    """An accepted request: expanded ids (int64), items in prompt order, inclusive offsets, positions.
+
+    An item given as known stays a KnownItem here: its feature is wherever it was computed."""
 
     input_ids: np.ndarray
-    items: tuple[ItemOutput, ...]
+    items: tuple[ItemOutput | KnownItem, ...]
     offsets: tuple[tuple[int, int], ...]
     positions: Positions
 
 
-def resolve_sources(images: Sequence[Source], budget: ByteBudget, fetch: Callable = fetch_bytes) -> list:
-    """Raw bytes of every source, in order, each charged to `budget` (the request's shared budget)."""
+def resolve_sources(
+    images: Sequence[Source], budget: ByteBudget, fetch: Callable = fetch_bytes, skip: Container[int] = ()
+) -> list:
+    """Raw bytes of every source, in order, each charged to `budget` (the request's shared budget);
+    None in the places of `skip` (items known already: not read, not charged)."""
     resolved = []
     for index, source in enumerate(images):
-        if isinstance(source, str):
+        if index in skip:
+            resolved.append(None)
+        elif isinstance(source, str):
             try:
                 resolved.append(fetch(source, budget))
             except MmError as exc:
@@ -83,40 +101,57 @@ def process(
     alloc: Allocator = numpy_allocator,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     fetch: Callable = fetch_bytes,
+    known: Mapping[int, KnownItem] | None = None,
+    item_alloc: Callable[[int], Allocator] | None = None,
 ) -> Output:
     """Run one request through `family`; see the module docstring for the steps and the error rule.
 
-    `alloc(shape, dtype)` supplies each feature buffer (shared memory in a pool worker); on error,
-    whatever it handed out belongs to the caller to reclaim.
+    `alloc(shape, dtype)` supplies each feature buffer (shared memory in a pool worker), or
+    `item_alloc(index)` the allocator for item `index` (a pool worker puts the features it caches
+    elsewhere); on error, whatever they handed out belongs to the caller to reclaim. `known`: the
+    items computed before, by index (their sources are placeholders, never read).
     """
     images = request.images
     if not images:
         raise MmError("multimodal request without image sources")
     if len(images) > MAX_ITEMS_PER_REQUEST:
         raise MmError(f"multimodal request exceeds {MAX_ITEMS_PER_REQUEST} media items")
-    raw = resolve_sources(images, ByteBudget(max_request_bytes), fetch)
+    known = known or {}
+    raw = resolve_sources(images, ByteBudget(max_request_bytes), fetch, known)
 
-    items = []
+    items: list[ItemOutput | KnownItem] = []
     for index, data in enumerate(raw):
+        if data is None:
+            items.append(known[index])
+            continue
+        item_allocator = alloc if item_alloc is None else item_alloc(index)
         try:
             digest = content_hash(data)
-            processed = with_image(data, lambda image: family.process_item(image, alloc))
+            processed = with_image(data, lambda image: family.process_item(image, item_allocator))  # noqa: B023
         except MmError as exc:
             raise MmError(f"image {index}: {exc}") from exc
         except BudgetExceeded as exc:  # a pool worker's CPU budget ran out on this image
             raise BudgetExceeded(f"image {index}: {exc}") from exc
         items.append(ItemOutput(processed.feature, processed.aux, digest, processed.geometry))
 
-    if request.input_ids is None or len(request.input_ids) == 0:
-        raise MmError("multimodal request without text or input_ids")
-    ids = np.asarray(request.input_ids, dtype=np.int64).reshape(-1)
+    expanded, offsets, positions = assemble(family, request.input_ids, [item.geometry for item in items])
+    return Output(input_ids=expanded, items=tuple(items), offsets=tuple(offsets), positions=positions)
 
-    geometries = [item.geometry for item in items]
+
+def assemble(
+    family: Family, input_ids: Sequence[int] | np.ndarray | None, geometries: Sequence[Geometry]
+) -> tuple[np.ndarray, list[tuple[int, int]], Positions]:
+    """Steps 4 and 5: the prompt's expanded ids (int64), each item's inclusive offsets and the
+    positions, from the items' geometries alone; MmError if the prompt is missing or does not
+    place them."""
+    if input_ids is None or len(input_ids) == 0:
+        raise MmError("multimodal request without text or input_ids")
+    ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
     layout = family.layout(ids, geometries)
-    expanded, offsets = apply_layout(ids, layout, len(items))
+    expanded, offsets = apply_layout(ids, layout, len(geometries))
     positions = family.positions(len(expanded), offsets, geometries)
     _check_hand_off(expanded, offsets, positions)
-    return Output(input_ids=expanded, items=tuple(items), offsets=tuple(offsets), positions=positions)
+    return expanded, offsets, positions
 
 
 def _check_hand_off(ids: np.ndarray, offsets: Sequence[tuple[int, int]], positions: Positions) -> None:
