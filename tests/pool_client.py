@@ -13,7 +13,7 @@ from mmworker.corpus import encode, photo_like
 
 if __name__ == "__main__":
     image = encode(photo_like(640, 480, seed=1), "JPEG")
-    pool = WorkerPool("qwen2_vl", {"workers": 2, "ring_mib": 64})
+    pool = WorkerPool("qwen2_vl", {"workers": 2, "cache_mib": 0, "ring_mib": 64})  # every request a worker's
     print(" ".join(str(p) for p in [*pool.worker_pids(), pool.io_pid()]), flush=True)
     announced = False
     while True:  # keep requests in flight, so the workers are mid-request when this process dies

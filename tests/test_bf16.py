@@ -159,7 +159,8 @@ def test_pool_reply_is_bf16_bits_in_half_the_bytes():
     prompt = [1, 151652, 151655, 151653, 2, 151652, 151655, 151653]
     features = {}
     for dtype in ("float32", "bfloat16"):
-        with WorkerPool({**spec, "feature_dtype": dtype}, {"workers": 1, "ring_mib": 128}) as pool:
+        # No cache: the features are in the ring, which reply.nbytes counts (test_cache covers bf16 hits).
+        with WorkerPool({**spec, "feature_dtype": dtype}, {"workers": 1, "cache_mib": 0, "ring_mib": 128}) as pool:
             reply = pool.process(prompt, data, timeout=120)
             assert reply.ok, reply.error
             out = to_sglang(reply)

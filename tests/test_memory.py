@@ -48,7 +48,7 @@ MEMORY_FULL = re.compile(
 
 
 def test_a_consumer_that_holds_replies_too_long_gets_memory_full_and_the_pool_serves_on(images):
-    config = {"workers": 1, "ring_mib": 8, "memory_wait_s": 0.5, "deadline_s": 60}
+    config = {"workers": 1, "cache_mib": 0, "ring_mib": 8, "memory_wait_s": 0.5, "deadline_s": 60}
     with WorkerPool(SPEC, config) as pool:
         first = pool.process([P], [images["jpeg"]])
         assert first.ok
@@ -67,7 +67,7 @@ def test_a_consumer_that_holds_replies_too_long_gets_memory_full_and_the_pool_se
 
 
 def test_memory_full_counts_the_replies_not_yet_taken(images):
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8, "memory_wait_s": 0.3}) as pool:
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 8, "memory_wait_s": 0.3}) as pool:
         waiting = pool.submit([P], [images["jpeg"]])  # its reply waits for poll() while process() runs
         blocked = pool.process([P], [images["jpeg"]])
         assert blocked.kind is Outcome.MEMORY_FULL
@@ -91,7 +91,7 @@ def test_release_on_drop_gives_the_memory_back_once_the_last_view_is_gone(images
     # (here on another thread), nothing is reused: later requests run, the ring fills up behind
     # the held reply (FIFO) and rejects them with MEMORY_FULL, and the held bytes stay as they
     # were at accept. Then one wake-up and a poll() give the memory back, and the ring wraps again.
-    config = {"workers": 1, "ring_mib": 8, "memory_wait_s": 0.3}
+    config = {"workers": 1, "cache_mib": 0, "ring_mib": 8, "memory_wait_s": 0.3}
     with WorkerPool(SPEC, config) as pool:
         reply = pool.process([5, P, 6], [images["medium"]])
         assert reply.ok
@@ -146,7 +146,7 @@ def test_release_on_drop_gives_the_memory_back_once_the_last_view_is_gone(images
 
 
 def test_release_on_drop_of_a_rejected_or_released_reply_does_nothing(images):
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8}) as pool:
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 8}) as pool:
         rejected = pool.process([P], [b"junk"])
         rejected.release_on_drop()
         rejected.release()
@@ -165,7 +165,7 @@ def test_release_on_drop_of_a_rejected_or_released_reply_does_nothing(images):
 def test_views_dropped_after_close_keep_their_bytes_and_raise_nothing(images, monkeypatch):
     unraisable = []
     monkeypatch.setattr("sys.unraisablehook", unraisable.append)  # where a finalizer's exception would go
-    pool = WorkerPool(SPEC, {"workers": 1, "ring_mib": 8})
+    pool = WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 8})
     reply = pool.process([P], [images["medium"]])
     feature = reply.features[0]
     copy = feature.copy()
@@ -188,7 +188,7 @@ def test_views_dropped_after_close_keep_their_bytes_and_raise_nothing(images, mo
 def test_a_drop_on_the_pools_own_thread_wakes_nobody_and_its_next_turn_gives_the_memory_back(images):
     # A wake-up of the pool's own (awake) thread would only cost it a sleep and a wake-up; the
     # release is taken at its next turn: here stats(), as well as any submit, result or tick.
-    with WorkerPool(SPEC, {"workers": 1}) as pool:
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0}) as pool:
         reply = pool.process([P], [images["medium"]])
         assert reply.ok and pool.stats().shm_held_bytes == reply.nbytes
         reply.release_on_drop()

@@ -120,7 +120,7 @@ def test_every_kind_of_pool_rejection(tmp_path):
     server = MediaServer()
     try:
         tiff_url = server.put("a.tif", tiff)
-        with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "queue_depth": 4, "media": MEDIA}) as pool:
+        with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 64, "queue_depth": 4, "media": MEDIA}) as pool:
             ok = pool.process([P], [small])
             assert ok.ok and ok.kind is Outcome.ACCEPTED and ok.error is None
             ok.release()
@@ -215,7 +215,7 @@ def test_misuse_raises_usage_error_at_the_call_and_owes_nothing():
 def test_a_result_larger_than_the_ring_is_unsupported_and_a_bad_one_internal():
     # 1 MiB ring: a 640x480 image's feature (7.4 MB) can never fit, however long the worker waits.
     jpeg = encode_image(photo_like(640, 480, seed=1), "JPEG")
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 1}) as pool:
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 1}) as pool:
         reply = pool.process([P], [jpeg])
         assert reply.kind is Outcome.UNSUPPORTED and "is larger than the ring" in reply.error, reply.error
         # A Done whose descriptors do not check out (sent on the worker's identity while it is stopped).

@@ -62,7 +62,9 @@ TEST_MEDIA = {"allowed_networks": ["127.0.0.1/32"], "allowed_local_roots": [temp
 
 @pytest.fixture(scope="module")
 def pool():
-    with WorkerPool(SPEC, {"ring_mib": 192, "deadline_s": 30, "media": TEST_MEDIA}) as p:
+    # The worker's path: these tests send the same images again and again, which a feature cache
+    # would answer itself (tests/test_cache.py tests that).
+    with WorkerPool(SPEC, {"cache_mib": 0, "ring_mib": 192, "deadline_s": 30, "media": TEST_MEDIA}) as p:
         yield p
 
 
@@ -243,7 +245,7 @@ def test_cancel_in_every_state_answers_aborted_exactly_once_and_frees_everything
     # all from an I/O process that dies meanwhile, which must not answer the request again.
     server = MediaServer()
     try:
-        with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "media": TEST_MEDIA}) as pool:
+        with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 64, "media": TEST_MEDIA}) as pool:
             finished = pool.submit([P], [images["small"]])
             pool.process([P], [images["small"]]).release()  # one worker: `finished` is done, its reply kept
             [pid] = pool.worker_pids()
@@ -466,7 +468,7 @@ def test_releases_a_stopped_worker_has_no_room_for_wait_and_none_is_lost(images)
         assert all(r.ok for r in replies), {r.error for r in replies}
         return replies
 
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 36, "queue_depth": 512, "deadline_s": 20}) as pool:
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 36, "queue_depth": 512, "deadline_s": 20}) as pool:
         [pid] = pool.worker_pids()
         [slot] = pool._supervisor.slots
         held = hold(400)
@@ -508,7 +510,7 @@ def big_requests(images) -> list[list[bytes]]:
 def test_inputs_reach_workers_through_the_request_ring_or_a_one_off_segment(images):
     # Copied (inputs_in_place false): 1 MiB of request ring: the 1080p JPEG (~0.3 MB) goes through
     # it, 4 of them in one request cannot all fit and go in a one-off nameless segment.
-    config = {"workers": 1, "ring_mib": 256, "request_ring_mib": 1, "inputs_in_place": False}
+    config = {"workers": 1, "cache_mib": 0, "ring_mib": 256, "request_ring_mib": 1, "inputs_in_place": False}
     with WorkerPool(SPEC, config) as small_ring:
         assert small_ring.stats().workers_reading_in_place == 0
         [worker] = small_ring.worker_pids()
@@ -529,7 +531,7 @@ def test_inputs_reach_workers_through_the_request_ring_or_a_one_off_segment(imag
 
 def test_workers_read_inputs_in_place_from_the_client(images):
     # The default where the kernel allows it (here): nothing is copied on this side, whatever the size.
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 256, "request_ring_mib": 1}) as pool:
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 256, "request_ring_mib": 1}) as pool:
         assert pool.stats().workers_reading_in_place == 1
         for request in big_requests(images):
             rid = pool.submit([P] * len(request), request)
@@ -637,7 +639,9 @@ def test_normal_workers_run_nicer_than_the_client(images):
 def test_ring_full_rejects_and_recovers_after_release(images):
     # 8 MiB ring: one 640x480 feature (7.4 MB) fits, a second cannot while the first is held: the
     # worker waits memory_wait_s for a release, then rejects it (MEMORY_FULL, before the deadline).
-    with WorkerPool(SPEC, {"workers": 1, "ring_mib": 8, "deadline_s": 30, "memory_wait_s": 0.5}) as pool:
+    with WorkerPool(
+        SPEC, {"workers": 1, "cache_mib": 0, "ring_mib": 8, "deadline_s": 30, "memory_wait_s": 0.5}
+    ) as pool:
         first = pool.process([P], [images["jpeg"]])
         assert first.ok
         second = pool.process([P], [images["jpeg"]])

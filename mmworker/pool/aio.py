@@ -62,6 +62,7 @@ class PoolDriver:
         images: Sequence[str | bytes | bytearray | memoryview],
         request_id: Any,
         mm_hashes: Sequence[str] | None,
+        content_hashes: Sequence[str | None] | None = None,
     ) -> Reply:
         """Submit one request and await its reply (see `WorkerPool.aprocess`)."""
         pool = self._pool()
@@ -70,7 +71,7 @@ class PoolDriver:
         deliver = functools.partial(self._deliver, future)
         self._in_flight += 1  # before the submit: a rejection is delivered inside it
         try:
-            request_id = pool._submit(input_ids, images, request_id, mm_hashes, deliver)
+            request_id = pool._submit(input_ids, images, request_id, mm_hashes, deliver, content_hashes)
         except BaseException:  # misuse (UsageError: after close, a request id in flight): nothing was owed
             self._in_flight -= 1
             raise

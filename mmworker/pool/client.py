@@ -62,6 +62,7 @@ from ipc.errors import ChannelClosed, IpcError
 from ipc.wire import Job
 from mmworker.errors import MmError, Outcome, UsageError
 from mmworker.pool.aio import PoolDriver
+from mmworker.pool.cache import FeatureCache
 from mmworker.pool.config import PoolConfig
 from mmworker.pool.dispatch import Dispatcher
 from mmworker.pool.engine import FROM_ANY, Engine
@@ -92,6 +93,14 @@ class PoolStats:
     shm_peak_held_bytes: int
     request_ring_used_bytes: int  # the request ring's space held by the inputs of running jobs
     workers_reading_in_place: int  # ready workers that read job inputs straight from this process's memory
+    # The feature cache (mmworker.pool.cache); all 0 without one (cache_mib = 0).
+    cache_hits: int = 0  # images served from the cache
+    cache_misses: int = 0  # images computed (cache on: admitted and not found)
+    cache_deduplicated: int = 0  # requests that waited for an identical image another request was computing
+    cache_evictions: int = 0
+    cache_entries: int = 0
+    cache_bytes: int = 0  # partition space the entries take
+    cache_capacity_bytes: int = 0
 
 
 class WorkerPool:
@@ -113,13 +122,23 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _teardown, res, self._drivers)
         self._inflight = InFlight(self.config.ordered)
         self._staging = InputStaging(res)
-        self._leases = Leases(res, self.config, weakref.ref(self))
-        self._dispatcher = Dispatcher(res, self.config, self._inflight, self._staging, self._leases)
-        self._supervisor = Supervisor(res, self.config, self.plan, worker_spec(spec), self._inflight,
-                                      self._dispatcher, self._leases)  # fmt: skip
+        spec_for_workers = worker_spec(spec)
+        config = self.config
+        self._cache = None
+        if config.cache_mib:
+            self._cache = FeatureCache(res, config.cache_mib, len(self.plan.workers), spec_for_workers,
+                                       config.trust_content_hashes)  # fmt: skip
+            self._inflight.on_leave = self._cache.forget
+        self._leases = Leases(res, config, weakref.ref(self), self._cache)
+        self._dispatcher = Dispatcher(res, config, self._inflight, self._staging, self._leases, self._cache)
+        self._supervisor = Supervisor(res, config, self.plan, spec_for_workers, self._inflight,
+                                      self._dispatcher, self._leases, self._cache)  # fmt: skip
         try:
-            res.open(self.config.request_ring_mib << 20)
-            self._engine = Engine(res, self.family, self._inflight, self._dispatcher, self._supervisor, self._leases)
+            res.open(config.request_ring_mib << 20)
+            if self._cache is not None:
+                self._cache.open()
+            self._engine = Engine(res, self.family, self._inflight, self._dispatcher, self._supervisor, self._leases,
+                                  self._cache)  # fmt: skip
             self._supervisor.start(lambda: self._engine.receive(FROM_ANY))
         except IpcError as exc:  # e.g. /dev/shm too small for the rings: a start-up failure, said clearly
             self.close()
@@ -135,23 +154,28 @@ class WorkerPool:
         *,
         request_id: Any = None,
         mm_hashes: Sequence[str] | None = None,
+        content_hashes: Sequence[str | None] | None = None,
     ) -> Any:
         """Queue one request and return its id; never blocks. Every request gets exactly one Reply.
 
         `input_ids` are copied here. Image bytes are not: they are read when the request reaches a
         worker, so a bytearray or memoryview source must stay unchanged until its reply arrives.
+        `mm_hashes`: hex strings that replace the replies' hashes (SGLang's rule). `content_hashes`:
+        the caller's own hash of each image's content (None for one it has none for), which keys the
+        feature cache instead of hashing the bytes, only if the config says `trust_content_hashes`.
         Raises only on misuse (UsageError): after close(), with a request id still in flight or not
-        hashable, with `mm_hashes` not a list; then nothing was submitted.
+        hashable, with `mm_hashes` or `content_hashes` not a list; then nothing was submitted.
         """
-        return self._submit(input_ids, images, request_id, mm_hashes, None)
+        return self._submit(input_ids, images, request_id, mm_hashes, None, content_hashes)
 
-    def _submit(self, input_ids, images, request_id: Any, mm_hashes, deliver) -> Any:
+    def _submit(self, input_ids, images, request_id: Any, mm_hashes, deliver, content_hashes=None) -> Any:
         """`submit`; with `deliver`, the reply goes straight to deliver(reply) when it is given
         (possibly before this returns), never to `poll`."""
         res = self._res
         if res.closed:
             raise UsageError("pool closed: submit after close()")
         hashes = hashes_of(mm_hashes)  # misuse is found before anything is owed
+        content = hashes_of(content_hashes, "content_hashes")
         if res.drops.posted:  # memory the caller let go of since the last turn: before it is wanted
             self._leases.apply_drops()
         inflight = self._inflight
@@ -162,7 +186,7 @@ class WorkerPool:
             inflight.reject(req, why, Outcome.QUEUE_FULL)
             return req.request_id
         try:
-            req.inputs = check_inputs(input_ids, images, hashes)
+            req.inputs = check_inputs(input_ids, images, hashes, content)
         except MmError as exc:
             inflight.reject(req, str(exc), exc.kind)
             return req.request_id
@@ -175,7 +199,7 @@ class WorkerPool:
                 inflight.reject(req, "I/O process unavailable", Outcome.WORKER_CRASHED)
         else:
             inflight.enter(req, State.QUEUED)
-            self._dispatcher.enqueue(req)
+            self._engine.admit(req)
             self._dispatcher.dispatch()
         return req.request_id
 
@@ -194,11 +218,14 @@ class WorkerPool:
             arrived = engine.arrived(min(remaining, 0.05))
 
     def process(
-        self, input_ids, images, *, request_id: Any = None, mm_hashes=None, timeout: float | None = None
-    ) -> Reply:
+        self, input_ids, images, *, request_id: Any = None, mm_hashes=None, content_hashes=None,
+        timeout: float | None = None,
+    ) -> Reply:  # fmt: skip
         """Submit and wait for this request's reply (other requests' replies stay for `poll`)."""
         answers, engine = self._inflight.answers, self._engine
-        rid = answers.rid_of(self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes))
+        submitted = self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes,
+                                content_hashes=content_hashes)  # fmt: skip
+        rid = answers.rid_of(submitted)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not answers.has(rid):
             if deadline is not None and time.monotonic() > deadline:
@@ -208,7 +235,9 @@ class WorkerPool:
                 engine.arrived(0.05)
         return answers.take(rid)
 
-    async def aprocess(self, input_ids, images, *, request_id: Any = None, mm_hashes=None) -> Reply:
+    async def aprocess(
+        self, input_ids, images, *, request_id: Any = None, mm_hashes=None, content_hashes=None
+    ) -> Reply:
         """`process` for asyncio: submit, then await this request's reply without blocking the loop.
 
         Any number may be in flight at once: the loop's one driver for this pool
@@ -220,7 +249,7 @@ class WorkerPool:
         driver = self._drivers.get(asyncio.get_running_loop())
         if driver is None:
             driver = self._driver()
-        return await driver.process(input_ids, images, request_id, mm_hashes)
+        return await driver.process(input_ids, images, request_id, mm_hashes, content_hashes)
 
     def _driver(self) -> PoolDriver:
         """The running loop's driver for this pool, made now (the first `aprocess` on that loop)."""
@@ -250,6 +279,7 @@ class WorkerPool:
             if req.state is State.QUEUED:
                 self._dispatcher.unqueue(req)
             self._inflight.cancel(req)
+            self._engine.resume()  # requests that waited for an image it was to compute
         return True
 
     def fileno(self) -> int:
@@ -268,8 +298,16 @@ class WorkerPool:
             in_flight=len(inflight.table), queued=len(self._dispatcher.queue),
             cold_start_ms=tuple(supervisor.cold_start_ms), shm_held_bytes=leases.held_bytes,
             shm_peak_held_bytes=leases.peak_held_bytes, request_ring_used_bytes=self._staging.used_bytes(),
-            workers_reading_in_place=sum(s.ready and s.in_place for s in slots),
+            workers_reading_in_place=sum(s.ready and s.in_place for s in slots), **self._cache_stats(),
         )  # fmt: skip
+
+    def _cache_stats(self) -> dict[str, int]:
+        cache = self._cache
+        if cache is None:
+            return {}
+        return {"cache_hits": cache.hits, "cache_misses": cache.misses, "cache_deduplicated": cache.deduplicated,
+                "cache_evictions": cache.evictions, "cache_entries": len(cache), "cache_bytes": cache.bytes_held,
+                "cache_capacity_bytes": cache.capacity}  # fmt: skip
 
     def worker_pids(self) -> list[int]:
         return self._supervisor.worker_pids()
@@ -290,6 +328,8 @@ class WorkerPool:
         self._leases.forget_drops()
         self._finalizer()  # detaches the drivers and terminates the processes
         self._supervisor.close()
+        if self._cache is not None:
+            self._cache.close()
 
     def __enter__(self) -> "WorkerPool":
         return self

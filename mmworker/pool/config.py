@@ -9,6 +9,11 @@ which read them without defaults of their own. From a dict or a TOML file (every
                               # min(2, len // 4) when there are >= 4 cores, else 0)
     io_core = 1               # where the I/O process runs; default: floats over the non-worker cores
     ring_mib = 256            # shared-memory ring per worker (features of in-flight + unreleased replies)
+    cache_mib = 512           # the feature cache (finished images by content, mmworker.pool.cache), split
+                              # evenly across the workers; 0 turns it off
+    trust_content_hashes = false  # a caller's content hashes (submit's `content_hashes`) key the cache
+                              # without hashing the bytes (as SGLang's --trust-mm-content-hashes); only
+                              # for callers whose hashes are right: a wrong one serves another image
     inputs_in_place = true    # workers copy a job's input bytes straight out of this process's memory
                               # (process_vm_readv: no per-byte work here) where the kernel allows it (same
                               # user; Yama ptrace_scope 0), checked at start-up; else, or with false:
@@ -113,6 +118,8 @@ class PoolConfig:
     reserved_cores: int | None = None
     io_core: int | None = None
     ring_mib: int = 256
+    cache_mib: int = 512
+    trust_content_hashes: bool = False
     inputs_in_place: bool = True
     request_ring_mib: int = 64
     queue_depth: int = 256
@@ -161,6 +168,8 @@ class PoolConfig:
         if self.reserved_cores is not None and (not isinstance(self.reserved_cores, int) or self.reserved_cores < 0):
             raise MmError(f"pool config: reserved_cores must be a non-negative int, got {self.reserved_cores!r}")
         positive("ring_mib", self.ring_mib)
+        if isinstance(self.cache_mib, bool) or not isinstance(self.cache_mib, int) or self.cache_mib < 0:
+            raise MmError(f"pool config: cache_mib must be a non-negative int (0: no cache), got {self.cache_mib!r}")
         positive("request_ring_mib", self.request_ring_mib)
         positive("queue_depth", self.queue_depth)
         positive("deadline_s", self.deadline_s, float)
@@ -173,7 +182,7 @@ class PoolConfig:
         nice = self.worker_nice
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise MmError(f"pool config: worker_nice must be an int from 0 to 19, got {self.worker_nice!r}")
-        for name in ("ordered", "inputs_in_place"):
+        for name in ("ordered", "inputs_in_place", "trust_content_hashes"):
             if not isinstance(getattr(self, name), bool):
                 raise MmError(f"pool config: {name} must be true or false, got {getattr(self, name)!r}")
         self.media_policy()  # raises on a bad [media] table

@@ -19,6 +19,7 @@ from mmworker.pool.inputs import InputStaging
 from mmworker.pool.slots import RELEASES_PER_RECORD, Leases, Slot
 
 if TYPE_CHECKING:
+    from mmworker.pool.cache import FeatureCache
     from mmworker.pool.config import PoolConfig
     from mmworker.pool.resources import PoolResources
 
@@ -27,8 +28,9 @@ class Dispatcher:
     """Owns the queue and the idle set; hands queued requests to idle workers."""
 
     def __init__(self, resources: "PoolResources", config: "PoolConfig", inflight: InFlight, staging: InputStaging,
-                 leases: Leases) -> None:  # fmt: skip
+                 leases: Leases, cache: "FeatureCache | None") -> None:  # fmt: skip
         self._res = resources
+        self._cache = cache
         self._inflight = inflight
         self._staging = staging
         self._leases = leases
@@ -54,16 +56,21 @@ class Dispatcher:
             index = next(iter(idle))
             slot = idle[index]
             handed_over = time.monotonic()  # before the send: the worker may begin before it returns
+            inputs, plan = req.inputs, req.cache
+            frames, args = inputs.frames, {"kinds": "".join(inputs.kinds)}
+            if plan is not None:  # cached images go as their grid and hash: their bytes stay here
+                frames, args = plan.frames(frames), {"kinds": plan.kinds(inputs.kinds), **plan.job_args()}
+                if plan.produce:
+                    self._cache.prepare(slot, plan)
             try:
-                inputs = req.inputs
-                staged, fd, places = self._staging.stage(slot.in_place, (inputs.ids, *inputs.frames))
+                staged, fd, places = self._staging.stage(slot.in_place, (inputs.ids, *frames))
             except IpcError as exc:  # not even a one-off segment could be had
                 queue.popleft()
                 self._inflight.reject(req, f"request inputs not staged: {exc}", Outcome.INTERNAL)
                 continue
             del idle[index]
             released = slot.pending[:RELEASES_PER_RECORD]
-            job = Job(req.rid, 0, self._deadline_ms, {"kinds": "".join(inputs.kinds)}, released, places, slot.in_place)
+            job = Job(req.rid, 0, self._deadline_ms, args, released, places, slot.in_place)
             try:
                 sent = self._res.inboxes[index].send(job, fd)
             except ChannelClosed:  # it died after its last answer; its process handle tells the rest

@@ -9,6 +9,13 @@ A worker's Done becomes a `Reply` of views into its ring, the aux tensors too: n
 and it is checked first (a descriptor outside the ring, a name for an item the request lacks:
 "internal error", never a view into the wrong memory). An answer for a job its worker no longer
 runs, or for a cancelled request, is dropped, its memory given back.
+
+With the feature cache (mmworker.pool.cache) a request whose inputs are all here is admitted
+(`admit`): answered at once from the cache if every image of it is there (the prompt's layout
+and positions computed here, by the driver's `assemble`), held while an identical image is being
+computed for another request (`resume` admits it again when that job ends), or queued. A Done's
+features that the worker put in its cache partition become entries before anything else, so a
+cancelled request's work is kept too; the reply shows cached images as views of their entries.
 """
 
 import logging
@@ -16,13 +23,17 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ipc.errors import IpcError
 from ipc.wire import Done, Failed, Hello
-from mmworker.errors import Outcome
-from mmworker.pipeline import Family
+from mmworker.driver import assemble
+from mmworker.errors import MmError, Outcome
+from mmworker.pipeline import Family, MRope
 from mmworker.pool import naming
+from mmworker.pool.cache import ADMIT_HIT, ADMIT_WAIT, FeatureCache
 from mmworker.pool.dispatch import Dispatcher
-from mmworker.pool.inflight import InFlight, Request
+from mmworker.pool.inflight import InFlight, Request, State
 from mmworker.pool.inputs import override_hashes
 from mmworker.pool.protocol import IO_IDENTITY
 from mmworker.pool.reply import Reply, ReplyItem
@@ -48,8 +59,9 @@ class Engine:
     """Turns the pool: waits on its wake-up fd, receives, checks the children, dispatches, builds replies."""
 
     def __init__(self, resources: "PoolResources", family: Family, inflight: InFlight, dispatcher: Dispatcher,
-                 supervisor: Supervisor, leases: Leases) -> None:  # fmt: skip
+                 supervisor: Supervisor, leases: Leases, cache: FeatureCache | None) -> None:  # fmt: skip
         self._res = resources
+        self._cache = cache
         self._family = family
         self._inflight = inflight
         self._dispatcher = dispatcher
@@ -79,7 +91,33 @@ class Engine:
         if now >= self._next_check:
             self._next_check = now + CHECK_INTERVAL_S
             self._supervisor.check()
+        self.resume()
         self._dispatcher.dispatch()
+
+    def admit(self, req: Request) -> None:
+        """`req`'s inputs are all here: queue it for a worker, or, with the cache, answer it from
+        there, or hold it while another request computes one of its images (module docstring)."""
+        cache = self._cache
+        if cache is not None:
+            verdict = cache.admit(req)
+            if verdict is ADMIT_WAIT:
+                req.state = State.WAITING
+                return
+            if verdict is ADMIT_HIT:
+                self._answer_from_cache(req)
+                return
+        self._dispatcher.enqueue(req)
+
+    def resume(self) -> None:
+        """Admit again the requests whose wait for an image computed elsewhere is over."""
+        cache = self._cache
+        if cache is None:
+            return
+        table, resumable = self._inflight.table, cache.resumable
+        while resumable:
+            req = resumable.popleft()
+            if table.get(req.rid) is req and req.state is State.WAITING:
+                self.admit(req)
 
     def arrived(self, timeout: float) -> int:
         """Wait up to `timeout` s for a message; which channels to receive from (FROM_ROUTER, FROM_RESULTS).
@@ -125,13 +163,16 @@ class Engine:
             log.warning("worker %d answered request %d while running %s; answer dropped", slot.index, message.rid,
                         slot.rid)  # fmt: skip
             if isinstance(message, Done):
-                self._leases.release(slot, _allocations(message))
+                self._drop(slot, None, message)
             return
         self._dispatcher.job_over(slot)  # the worker has finished reading the inputs
+        entries = {}
+        if isinstance(message, Done) and self._cache is not None:  # kept even if the request was cancelled
+            entries = self._commit(slot, message)
         req = self._inflight.answered(message.rid)
         if req is None:  # cancelled meanwhile: free and drop
             if isinstance(message, Done):
-                self._leases.release(slot, _allocations(message))
+                self._leases.release(slot, _allocations(slot, message))
             return
         if isinstance(message, Failed):
             kind = _OUTCOMES.get(message.kind, Outcome.INTERNAL)
@@ -139,32 +180,87 @@ class Engine:
             self._inflight.reject(req, why, kind)
             return
         try:
-            reply = self._reply(req, slot, message)
+            reply = self._reply(req, slot, message, entries)
         except (IpcError, IndexError, KeyError, TypeError, ValueError) as exc:  # a descriptor that does not check out
-            self._leases.release(slot, _allocations(message))
+            self._leases.release(slot, _allocations(slot, message))
             self._inflight.reject(req, f"internal error: bad result from worker {slot.index}: {exc}", Outcome.INTERNAL)
             return
         self._inflight.accept(req, reply)
 
-    def _reply(self, req: Request, slot: Slot, done: Done) -> Reply:
-        """The accepted reply: views into `slot`'s ring for every tensor of `done`, and their lease."""
-        meta, view = done.meta, slot.reader.view
+    def _commit(self, slot: Slot, done: Done) -> dict:
+        """The features `done` put in `slot`'s cache partition, as entries (by item); any there that
+        cannot be one go back to the worker at once."""
+        cache = self._cache
+        entries = cache.commit(slot, self._inflight.table.get(done.rid), done)
+        cache.flush(slot)
+        return entries
+
+    def _drop(self, slot: Slot, req: Request | None, done: Done) -> None:
+        """Give back everything `done` holds: its ring allocations, and its cache partition's."""
+        if self._cache is not None:
+            self._cache.commit(slot, None, done)  # keeps none of them: they go back to the worker
+            self._cache.flush(slot)
+        self._leases.release(slot, _allocations(slot, done))
+
+    def _reply(self, req: Request, slot: Slot, done: Done, entries: dict) -> Reply:
+        """The accepted reply: views into `slot`'s ring for every tensor of `done` (or into its cache
+        partition, for the features it cached), the cached images' entries, and their lease."""
+        meta, ring = done.meta, slot.index
+        plan = req.cache
+        hits = plan.hits if plan is not None else {}
+        views = {ring: slot.reader.view}
+        if self._cache is not None:
+            views[self._cache.partitions[ring].heap] = self._cache.partitions[ring].reader.view
         arrays, held = {}, 0
         for name, d in done.tensors.items():
+            view = views.get(d.ring)
+            if view is None:
+                raise IpcError(f"tensor {name!r} names ring {d.ring}, not worker {ring}'s")
             arrays[name] = view(d.offset, d.nbytes, d.dtype, d.shape)
-            held += d.nbytes
+            held += d.nbytes if d.ring == ring else 0
         offsets = [(int(s), int(e)) for s, e in meta[naming.OFFSETS]]
         n_items = len(offsets)
-        input_ids, positions, features, auxes = naming.unpack(arrays, n_items)
+        input_ids, positions, features, auxes = naming.unpack(arrays, n_items, hits)
+        for i, entry in hits.items():
+            features[i], auxes[i] = self._cache.view(entry), self._cache.aux(entry)
         hashes = override_hashes([int(h) for h in meta[naming.HASHES]], req.inputs.mm_hashes, req.request_id)
         items = [ReplyItem(feature=features[i], aux=auxes[i], hash=hashes[i]) for i in range(n_items)]
-        lease = self._leases.grant(slot, req.rid, _allocations(done), held)  # nothing after this can fail
+        pins = []
+        if plan is not None:  # the request's pins go to the lease, with the entries made from this job
+            self._cache.pin(list(entries.values()))
+            pins, plan.pins = plan.pins + list(entries.values()), []
+        lease = self._leases.grant(slot, req.rid, _allocations(slot, done), held, pins)  # nothing after this can fail
         return Reply(
             request_id=req.request_id, ok=True, input_ids=input_ids, offsets=offsets, items=items,
             positions=positions, delta=meta.get(naming.DELTA), busy_ms=done.busy_ms,
             queued_ms=(req.dispatched - req.submitted) * 1e3, to_worker_ms=(done.started - req.dispatched) * 1e3,
-            worker=slot.index, nbytes=held, family=self._family, _lease=lease,
+            worker=slot.index, nbytes=held, family=self._family, cache_hits=len(hits), _lease=lease,
         )  # fmt: skip
+
+    def _answer_from_cache(self, req: Request) -> None:
+        """Answer a request whose images are all cached: the prompt laid out here, features viewed
+        in place, no worker involved."""
+        plan, cache = req.cache, self._cache
+        entries = [plan.hits[i] for i in range(len(plan.keys))]
+        ids = req.inputs.ids
+        if isinstance(ids, bytes):
+            ids = np.frombuffer(ids, "<i8")
+        try:
+            input_ids, offsets, positions = assemble(self._family, ids, [e.grid for e in entries])
+        except MmError as exc:  # the prompt does not place the images: what the worker would say
+            self._inflight.reject(req, str(exc), exc.kind)
+            return
+        hashes = override_hashes([e.hash for e in entries], req.inputs.mm_hashes, req.request_id)
+        items = [ReplyItem(cache.view(e), cache.aux(e), h) for e, h in zip(entries, hashes, strict=True)]
+        mrope = positions if isinstance(positions, MRope) else None
+        pins, plan.pins = plan.pins, []
+        lease = self._leases.grant(None, req.rid, [], 0, pins)
+        reply = Reply(
+            request_id=req.request_id, ok=True, input_ids=_frozen(input_ids), offsets=offsets, items=items,
+            positions=_frozen(mrope.positions) if mrope else None, delta=mrope.delta if mrope else None,
+            family=self._family, cache_hits=len(entries), _lease=lease,
+        )  # fmt: skip
+        self._inflight.accept(req, reply)
 
     def _on_io(self, message, payload) -> None:
         if isinstance(message, Hello):
@@ -177,9 +273,15 @@ class Engine:
             self._inflight.reject(req, message.error, _OUTCOMES.get(message.kind, Outcome.INTERNAL))
             return
         req.inputs.fetched(payload)
-        self._dispatcher.enqueue(req)
+        self.admit(req)
 
 
-def _allocations(done: Done) -> list[tuple[int, int]]:
-    """(offset, seq) of every tensor a Done holds in its worker's ring: what a Release gives back."""
-    return [(d.offset, d.seq) for d in done.tensors.values()]
+def _allocations(slot: Slot, done: Done) -> list[tuple[int, int]]:
+    """(offset, seq) of every tensor a Done holds in its worker's ring: what a Release gives back
+    (what it holds in the cache partition is the cache's)."""
+    return [(d.offset, d.seq) for d in done.tensors.values() if d.ring == slot.index]
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array

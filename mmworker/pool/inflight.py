@@ -15,6 +15,7 @@ from typing import Any
 
 from mmworker.errors import Outcome
 from mmworker.pool.answers import Answers
+from mmworker.pool.cache import Plan
 from mmworker.pool.inputs import RequestInputs
 from mmworker.pool.reply import Reply
 
@@ -23,6 +24,7 @@ class State(enum.Enum):
     """Where a request in the table is."""
 
     FETCHING = "fetching"  # at the I/O process (URLs, files)
+    WAITING = "waiting"  # for an identical image another request is computing (mmworker.pool.cache)
     QUEUED = "queued"  # waiting for an idle worker
     RUNNING = "running"  # on a worker (its Slot.rid)
     CANCELLED_FETCHING = "cancelled_fetching"  # answered "aborted"; the I/O process's answer is dropped
@@ -36,7 +38,7 @@ _CANCELLED_FROM = {State.FETCHING: State.CANCELLED_FETCHING, State.RUNNING: Stat
 class Request:
     """One submitted request: the caller's id, the pool's own number (`rid`), its inputs, its times."""
 
-    __slots__ = ("deadline", "dispatched", "inputs", "request_id", "rid", "state", "submitted")
+    __slots__ = ("cache", "deadline", "dispatched", "inputs", "request_id", "rid", "state", "submitted")
 
     def __init__(self, rid: int, request_id: Any, submitted: float) -> None:
         self.rid, self.request_id, self.submitted = rid, request_id, submitted
@@ -44,6 +46,7 @@ class Request:
         self.inputs: RequestInputs | None = None  # once checked
         self.deadline = 0.0  # handed to a worker + deadline_s
         self.dispatched = 0.0
+        self.cache: Plan | None = None  # what the feature cache decided for it, if the pool has one
 
 
 class InFlight:
@@ -56,6 +59,7 @@ class InFlight:
         self.submitted = self.accepted = self.rejected = 0
         self._rids = itertools.count(1)
         self._auto_ids = itertools.count(1)
+        self.on_leave: Callable[[Request], None] | None = None  # told of each request that leaves the table
 
     def open(self, request_id: Any, deliver: Callable[[Reply], None] | None) -> Request:
         """A new request, owed its reply (through `deliver`, if given); UsageError if `request_id` is
@@ -75,14 +79,14 @@ class InFlight:
     def reject(self, req: Request, error: str, kind: Outcome) -> None:
         """Answer `req` with `error` of `kind`; it leaves the table."""
         self._rejection(req, error, kind)
-        self.table.pop(req.rid, None)
+        self._leave(req)
 
     def accept(self, req: Request, reply: Reply) -> None:
         """Answer `req` with its accepted reply; it leaves the table."""
         reply.latency_ms = (time.monotonic() - req.submitted) * 1e3
         self.accepted += 1
         self.answers.give(req.rid, reply)
-        self.table.pop(req.rid, None)
+        self._leave(req)
 
     def cancel(self, req: Request) -> None:
         """Answer `req` "aborted". One the I/O process or a worker still has stays in the table,
@@ -92,7 +96,7 @@ class InFlight:
         cancelled = _CANCELLED_FROM.get(req.state)
         self._rejection(req, "aborted", Outcome.ABORTED)
         if cancelled is None:
-            self.table.pop(req.rid, None)
+            self._leave(req)
         else:
             req.state = cancelled
 
@@ -100,7 +104,7 @@ class InFlight:
         """The process that had `req` is gone (crashed, or killed past its deadline): answer it, unless
         it was cancelled (its "aborted" was its answer); either way it leaves the table."""
         if req.state in CANCELLED:
-            self.table.pop(req.rid, None)
+            self._leave(req)
         else:
             self.reject(req, error, kind)
 
@@ -109,7 +113,7 @@ class InFlight:
         or was cancelled (then it leaves the table now: the answer is to be dropped)."""
         req = self.table.get(rid)
         if req is not None and req.state in CANCELLED:
-            del self.table[rid]
+            self._leave(req)
             return None
         return req
 
@@ -119,6 +123,10 @@ class InFlight:
             if req.state not in CANCELLED:
                 self._rejection(req, "pool closed", Outcome.POOL_CLOSED)
         self.table.clear()
+
+    def _leave(self, req: Request) -> None:
+        if self.table.pop(req.rid, None) is not None and self.on_leave is not None:
+            self.on_leave(req)
 
     def _rejection(self, req: Request, error: str, kind: Outcome) -> None:
         self.rejected += 1

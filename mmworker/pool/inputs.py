@@ -33,13 +33,14 @@ class RequestInputs:
     """One request's inputs as its worker will get them: `ids` (int64, a copy of its own) and one
     frame per image (bytes as given, text UTF-8 encoded, later the fetched bytes of URLs and files)."""
 
-    __slots__ = ("frames", "ids", "kinds", "mm_hashes", "raw_bytes", "sources")
+    __slots__ = ("content_hashes", "frames", "ids", "kinds", "mm_hashes", "raw_bytes", "sources")
 
     def __init__(self, ids: bytes | np.ndarray, sources: list, frames: list, kinds: list[str], raw_bytes: int,
-                 mm_hashes: list[str] | None) -> None:  # fmt: skip
+                 mm_hashes: list[str] | None, content_hashes: list[str | None] | None = None) -> None:  # fmt: skip
         self.ids, self.sources, self.frames, self.kinds = ids, sources, frames, kinds
         self.raw_bytes = raw_bytes  # bytes given directly (they count against the request's byte budget)
         self.mm_hashes = mm_hashes
+        self.content_hashes = content_hashes  # the caller's, one per image (None: none for that one)
 
     def io_job(self) -> dict[str, Any] | None:
         """The I/O process's job arguments for the sources it resolves; None if there are none."""
@@ -57,20 +58,23 @@ class RequestInputs:
                 self.frames[i], self.kinds[i] = next(fetched), KIND_BYTES
 
 
-def hashes_of(mm_hashes: Any) -> list[str] | None:
-    """`mm_hashes` as a list of its own, or None; UsageError unless it is None or a list (or another
-    sequence) of hash strings. Its entries are content (a malformed one is ignored, see
-    `override_hashes`); the argument's type is the caller's."""
-    if mm_hashes is None:
+def hashes_of(hashes: Any, name: str = "mm_hashes") -> list[str] | None:
+    """`mm_hashes` (or `content_hashes`) as a list of its own, or None; UsageError unless it is None
+    or a list (or another sequence) of hash strings. Its entries are content (a malformed one is
+    ignored, see `override_hashes`); the argument's type is the caller's."""
+    if hashes is None:
         return None
-    if isinstance(mm_hashes, (str, bytes, bytearray, memoryview)) or not isinstance(mm_hashes, Sequence):
-        raise UsageError(f"mm_hashes must be a list of hex strings or None, got {type(mm_hashes).__name__}")
-    return list(mm_hashes)
+    if isinstance(hashes, (str, bytes, bytearray, memoryview)) or not isinstance(hashes, Sequence):
+        raise UsageError(f"{name} must be a list of hex strings or None, got {type(hashes).__name__}")
+    return list(hashes)
 
 
-def check_inputs(input_ids: Any, images: Any, mm_hashes: list[str] | None) -> RequestInputs:
+def check_inputs(
+    input_ids: Any, images: Any, mm_hashes: list[str] | None, content_hashes: list | None = None
+) -> RequestInputs:
     """Convert and check what is cheap to check here (the worker checks everything else); MmError
-    names what is wrong. `mm_hashes` as `hashes_of` returned it."""
+    names what is wrong. `mm_hashes` and `content_hashes` as `hashes_of` returned them; content
+    hashes whose count is not the images' are ignored (with a warning), as mm_hashes are."""
     ids = _ids_of(input_ids)
     if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
         raise MmError("images must be a list of sources")
@@ -100,7 +104,10 @@ def check_inputs(input_ids: Any, images: Any, mm_hashes: list[str] | None) -> Re
     total += raw
     if total > MAX_REQUEST_BYTES:
         raise MmError(f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes")
-    return RequestInputs(ids, list(images), frames, kinds, raw, mm_hashes)
+    if content_hashes is not None and len(content_hashes) != len(images):
+        log.warning("%d content hashes for %d images; ignoring them", len(content_hashes), len(images))
+        content_hashes = None
+    return RequestInputs(ids, list(images), frames, kinds, raw, mm_hashes, content_hashes)
 
 
 def _ids_of(input_ids: Any) -> bytes | np.ndarray:

@@ -7,11 +7,16 @@
     meta     "offsets"            [[start, end], ...] inclusive, per item
              "hashes"             [int, ...] per item
              "delta"              the M-RoPE position delta (absent under 1-D positions)
+             "grids"              [[t, h, w], ...] per item, its patch grid (what the cache keeps)
+
+An item the client has cached (a job's "known" items) has no feature or aux tensors here: the
+client has them. A feature's descriptor names the ring it lies in: the worker's ring, or its cache
+partition (mmworker.pool.cache).
 
 Every tensor lies in the worker's ring, so on the client each is a view; `unpack` sorts them by role.
 """
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import TypeVar
 
 INPUT_IDS = "input_ids"
@@ -22,6 +27,7 @@ _AUX = "aux."
 OFFSETS = "offsets"
 HASHES = "hashes"
 DELTA = "delta"
+GRIDS = "grids"
 
 T = TypeVar("T")
 
@@ -34,10 +40,23 @@ def aux_name(item: int, name: str) -> str:
     return f"{_AUX}{item}.{name}"
 
 
-def unpack(tensors: Mapping[str, T], items: int) -> tuple[T, T | None, list[T], list[dict[str, T]]]:
+def feature_item(name: str) -> int | None:
+    """The item a feature tensor's name is for; None for any other name."""
+    if not name.startswith(_FEATURE):
+        return None
+    try:
+        return int(name[len(_FEATURE) :])
+    except ValueError:
+        return None
+
+
+def unpack(
+    tensors: Mapping[str, T], items: int, known: Container[int] = ()
+) -> tuple[T, T | None, list[T | None], list[dict[str, T]]]:
     """(input_ids, positions or None, each item's feature, each item's aux tensors by name) of a Done
-    with `items` items. KeyError if a tensor is missing, IndexError or ValueError if a name points
-    at an item the request lacks or is malformed: what a worker sends is checked, never trusted."""
+    with `items` items, the `known` ones without features (None in their places). KeyError if a
+    tensor is missing, IndexError or ValueError if a name points at an item the request lacks or
+    is malformed: what a worker sends is checked, never trusted."""
     auxes: list[dict[str, T]] = [{} for _ in range(items)]
     for name, tensor in tensors.items():
         if name.startswith(_AUX):
@@ -46,5 +65,5 @@ def unpack(tensors: Mapping[str, T], items: int) -> tuple[T, T | None, list[T], 
             if index < 0:  # a list would take it from the end
                 raise IndexError(f"tensor {name!r}: no item {index}")
             auxes[index][key] = tensor
-    features = [tensors[f"{_FEATURE}{i}"] for i in range(items)]
+    features = [None if i in known else tensors[f"{_FEATURE}{i}"] for i in range(items)]
     return tensors[INPUT_IDS], tensors.get(POSITIONS), features, auxes

@@ -4,10 +4,20 @@ from mmworker.common.fetch import LOCAL_PREFIXES, REMOTE_PREFIXES
 
 IO_IDENTITY = b"io"  # the I/O process's channel identity; workers are b"w<index>.<incarnation>"
 REQUEST_RING = -1  # the ring id of the client's request ring (worker rings are numbered 0, 1, ...)
+CACHE_HEAPS = 1 << 16  # worker k's cache partition (a heap) has ring id CACHE_HEAPS + k
+
+
+def cache_heap(worker: int) -> int:
+    """The ring id of worker `worker`'s cache partition, in TensorDescs and Releases."""
+    return CACHE_HEAPS + worker
+
 
 # Job.args["kinds"]: one letter per image frame after the input_ids frame.
 KIND_BYTES = "b"  # raw encoded bytes (as submitted, or as the I/O process fetched them)
 KIND_STRING = "s"  # a data: URL or base64 string, decoded on the worker (pure CPU)
+# Job.args["known"]: [[item, t, h, w, hash], ...], items the client has cached (their frames are empty);
+# Job.args["cache"]: [item, ...], items whose features go into the worker's cache partition if they fit.
+ARG_KNOWN, ARG_CACHE = "known", "cache"
 
 
 _IO_PREFIXES = REMOTE_PREFIXES + LOCAL_PREFIXES

@@ -58,7 +58,8 @@ class Reply:
     to_worker_ms: float = 0.0  # handed over -> the worker began (its inbox, the worker waking up)
     busy_ms: float = 0.0  # time the worker spent on it
     worker: int | None = None  # which worker produced it
-    nbytes: int = 0  # shared memory the reply holds until released
+    nbytes: int = 0  # shared memory of its worker's ring the reply holds until released
+    cache_hits: int = 0  # images whose features came from the feature cache (computed for an earlier request)
     family: Family | None = field(default=None, repr=False)
     _lease: Lease | None = field(default=None, repr=False)
 

@@ -53,6 +53,7 @@ class PoolResources:
         self.pidfds: dict[subprocess.Popen, int] = {}  # every live child -> an fd readable once it has ended
         self.exits = select.poll()  # over the pidfds
         self.segments: list[Segment] = []
+        self.anonymous: list[tuple[Segment, int]] = []  # nameless segments and their descriptors (the cache's)
         self.requests: RingWriter | None = None  # the request ring (its segment is in `segments`)
         self.requests_fd: int | None = None  # its read-only descriptor, inherited by every worker
         self.closed = False
@@ -110,6 +111,12 @@ class PoolResources:
         self.segments.append(segment)
         return segment
 
+    def new_anonymous(self, tag: str, nbytes: int) -> tuple[Segment, int]:
+        """A nameless segment (memfd) kept for the pool's life, and its descriptor for children to inherit."""
+        segment, fd = Segment.anonymous(tag, nbytes)
+        self.anonymous.append((segment, fd))
+        return segment, fd
+
     def retire(self, segment: Segment) -> None:
         """Unlink and unmap a segment now; mappings made elsewhere (a reader's, a worker's) stay."""
         segment.unlink()
@@ -166,5 +173,9 @@ class PoolResources:
         for segment in self.segments:
             segment.unlink()  # idempotent: a retired ring is unlinked already
             segment.close()
+        for segment, fd in self.anonymous:
+            os.close(fd)
+            segment.close()  # or, while its owner's views or replies still view it, once they are gone
+        self.anonymous.clear()
         if self.rundir is not None:
             self.rundir.close()

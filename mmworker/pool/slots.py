@@ -27,6 +27,7 @@ from ipc.wire import Release
 from mmworker.pool.inputs import Held
 
 if TYPE_CHECKING:
+    from mmworker.pool.cache import Entry, FeatureCache
     from mmworker.pool.config import PoolConfig
     from mmworker.pool.resources import PoolResources
 
@@ -67,16 +68,18 @@ class Slot:
 
 
 class Lease:
-    """An accepted reply's hold on its worker's ring: which allocations, how many bytes, since when
-    the caller has it, and how it ends (`Reply.release` / `Reply.release_on_drop` call these)."""
+    """An accepted reply's hold on its worker's ring (which allocations, how many bytes) and on the
+    cache entries it shows (`pins`), since when the caller has it, and how it ends
+    (`Reply.release` / `Reply.release_on_drop` call these). A reply answered from the cache alone
+    has no slot and holds no ring."""
 
-    __slots__ = ("allocations", "handed_out", "incarnation", "leases", "nbytes", "owner", "rid", "slot")
+    __slots__ = ("allocations", "handed_out", "incarnation", "leases", "nbytes", "owner", "pins", "rid", "slot")
 
-    def __init__(self, leases: "Leases", slot: Slot, rid: int, allocations: list[tuple[int, int]], nbytes: int,
-                 owner: Any) -> None:  # fmt: skip
+    def __init__(self, leases: "Leases", slot: Slot | None, rid: int, allocations: list[tuple[int, int]],
+                 nbytes: int, owner: Any, pins: "list[Entry]") -> None:  # fmt: skip
         self.leases, self.slot, self.rid = leases, slot, rid
-        self.incarnation = slot.incarnation
-        self.allocations, self.nbytes = allocations, nbytes
+        self.incarnation = slot.incarnation if slot is not None else 0
+        self.allocations, self.nbytes, self.pins = allocations, nbytes, pins
         self.handed_out = 0.0  # set by Answers when the caller gets the reply
         self.owner = owner  # the pool: a reply not yet released keeps it alive, as the memory it views
 
@@ -90,17 +93,23 @@ class Lease:
 class Leases:
     """The memory the pool's replies hold: their leases, the bytes held, and the releases owed to each worker."""
 
-    def __init__(self, resources: "PoolResources", config: "PoolConfig", owner: weakref.ref) -> None:
+    def __init__(self, resources: "PoolResources", config: "PoolConfig", owner: weakref.ref,
+                 cache: "FeatureCache | None") -> None:  # fmt: skip
         self._res = resources
+        self._cache = cache
         self._ring_mib = config.ring_mib
         self._owner = owner  # the pool, weakly: only leases hold it
         self.held_bytes = 0  # shared memory held by replies not yet released
         self.peak_held_bytes = 0
         self._dropping: dict[int, Lease] = {}  # rid -> the lease of a reply released on drop, until then
 
-    def grant(self, slot: Slot, rid: int, allocations: list[tuple[int, int]], nbytes: int) -> Lease:
-        """The lease of an accepted reply of `slot`'s worker over `allocations` (`nbytes` in all)."""
-        lease = slot.holds[rid] = Lease(self, slot, rid, allocations, nbytes, self._owner())
+    def grant(self, slot: Slot | None, rid: int, allocations: list[tuple[int, int]], nbytes: int,
+              pins: "list[Entry]") -> Lease:  # fmt: skip
+        """The lease of an accepted reply of `slot`'s worker over `allocations` (`nbytes` in all) and
+        the cache entries `pins` (pinned already; the lease unpins them)."""
+        lease = Lease(self, slot, rid, allocations, nbytes, self._owner(), pins)
+        if slot is not None:
+            slot.holds[rid] = lease
         self.held_bytes += nbytes
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
         return lease
@@ -110,8 +119,11 @@ class Leases:
         if self._res.forked():  # a forked child's copy: the worker's memory is the parent's to release
             return
         self.held_bytes -= lease.nbytes
+        if lease.pins:  # the entries outlive any worker
+            self._cache.unpin(lease.pins)
+            lease.pins = []
         slot = lease.slot
-        if slot.incarnation != lease.incarnation:  # its worker was replaced: nobody to give it back to
+        if slot is None or slot.incarnation != lease.incarnation:  # none, or replaced: nobody to give it back to
             return
         del slot.holds[lease.rid]
         if not self._res.closed and slot.ready:

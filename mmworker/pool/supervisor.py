@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ipc.peer_memory import places_of
 from ipc.ring import RingReader
 from ipc.segment import Segment
@@ -29,6 +31,7 @@ from mmworker.pool.inflight import InFlight, Request, State
 from mmworker.pool.slots import Leases, Slot
 
 if TYPE_CHECKING:
+    from mmworker.pool.cache import FeatureCache
     from mmworker.pool.config import CorePlan, PoolConfig
     from mmworker.pool.resources import PoolResources
 
@@ -40,8 +43,10 @@ class Supervisor:
     """The pool's children: the worker slots (`slots`, by identity in `by_identity`) and the I/O process."""
 
     def __init__(self, resources: "PoolResources", config: "PoolConfig", plan: "CorePlan", spec: dict[str, Any],
-                 inflight: InFlight, dispatcher: Dispatcher, leases: Leases) -> None:  # fmt: skip
+                 inflight: InFlight, dispatcher: Dispatcher, leases: Leases,
+                 cache: "FeatureCache | None") -> None:  # fmt: skip
         self._res = resources
+        self._cache = cache
         self._config = config
         self._plan = plan
         self._spec = spec  # as workers get it (registry.worker_spec)
@@ -95,6 +100,13 @@ class Supervisor:
         slot.segment = res.new_segment(f"w{slot.index}", config.ring_mib << 20)
         inbox = res.new_inbox(slot.index)
         results_fd, requests_fd, inbox_fd = res.results.sender_fd, res.requests_fd, inbox.worker_fd
+        pass_fds = [results_fd, requests_fd, inbox_fd]
+        cache, claims = None, None
+        if self._cache is not None:  # its partition, and the entries there a previous worker made
+            cache_fd, heap, live = self._cache.claims(slot.index)
+            claims = _claims_memory(live)
+            cache = {"fd": cache_fd, "ring": heap, "claims_fd": claims[1] if claims else None}
+            pass_fds += [cache_fd] + ([claims[1]] if claims else [])
         probe = None
         if self._probe is not None:
             _, [(address, _)] = places_of([self._probe])
@@ -104,9 +116,15 @@ class Supervisor:
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": config.image_cpu_s,
                 "memory_wait_s": config.memory_wait_s,
-                "nice": config.worker_nice, "sched": self._plan.worker_sched, "probe": probe}  # fmt: skip
+                "nice": config.worker_nice, "sched": self._plan.worker_sched, "probe": probe,
+                "cache": cache}  # fmt: skip
         slot.started = time.monotonic()
-        slot.proc = res.spawn("mmworker.pool.worker", args, pass_fds=(results_fd, requests_fd, inbox_fd))
+        try:
+            slot.proc = res.spawn("mmworker.pool.worker", args, pass_fds=tuple(pass_fds))
+        finally:
+            if claims is not None:  # the worker has its own descriptor now
+                claims[0].close()
+                os.close(claims[1])
         inbox.handed_over()  # only the worker holds its end now: its exit shows as ChannelClosed
 
     def on_hello(self, slot: Slot, hello: Hello) -> None:
@@ -135,8 +153,11 @@ class Supervisor:
                 slot.proc.wait()
                 why = f"deadline exceeded ({self._config.deadline_s:g} s, worker {slot.index})"
                 self._restart(slot, req, why, Outcome.DEADLINE_EXCEEDED)
-            elif slot.pending and slot.rid is not None:
-                self._leases.flush(slot)
+            else:
+                if slot.pending and slot.rid is not None:
+                    self._leases.flush(slot)
+                if self._cache is not None:
+                    self._cache.flush(slot)
         if ended and self.io_proc.poll() is not None:
             why = f"I/O process crashed (exit code {self.io_proc.returncode})"
             for req in [r for r in table.values() if r.state in _FETCHING]:
@@ -169,3 +190,18 @@ class Supervisor:
         when the last reply still viewing one lets go of it)."""
         for slot in self.slots:
             slot.reader = None
+
+
+def _claims_memory(live: list[tuple[int, int, int]]) -> tuple[Segment, int] | None:
+    """The (offset, nbytes, seq) of a partition's live entries as int64 triples in a nameless
+    segment, for a new worker to map (it may hold more than fits its command line); None if none."""
+    if not live:
+        return None
+    segment, fd = Segment.anonymous("claims", len(live) * 24)
+    try:
+        np.frombuffer(segment.buffer, np.int64, len(live) * 3)[:] = np.asarray(live, np.int64).reshape(-1)
+    except BaseException:
+        segment.close()
+        os.close(fd)
+        raise
+    return segment, fd

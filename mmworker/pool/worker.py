@@ -7,7 +7,8 @@ setting given: the defaults live in PoolConfig only):
     {"inbox_fd": fd, "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
      "ring": name, "cores": [c] | null, "nice": n, "sched": "idle" | "normal",
      "spec": {..., "family": "module:Class"}, "parent": pid, "image_cpu_s": s,
-     "memory_wait_s": s, "probe": [address, hex] | null}
+     "memory_wait_s": s, "probe": [address, hex] | null,
+     "cache": {"fd": fd, "ring": id, "claims_fd": fd | null} | null}
 
 Jobs and releases arrive in its inbox (`inbox_fd`, ipc.inbox); Hello and each job's answer
 go back through `results_fd` (ipc.results). Neither uses ZeroMQ, so the process has exactly one
@@ -31,6 +32,15 @@ code) on its warm-up images -> map the ring -> try the probe -> Hello -> then on
 While waiting for ring space it applies Release messages (the only way space comes back), for at
 most memory_wait_s per allocation: a ring that stays full that long means its client holds
 replies too long, and the job fails at once with kind MEMORY_FULL rather than at its deadline.
+
+The feature cache (mmworker.pool.cache): with `cache`, the worker also maps its slot's cache
+partition (an inherited descriptor, the same memory for every incarnation) and allocates there
+(ipc.heap) the features of the items a Job lists under "cache"; first it marks taken the live
+entries `claims_fd` lists (int64 offset, nbytes, seq triples), which a previous incarnation
+made. A feature that finds no room there, even after the evictions waiting in its inbox, goes into
+the ring as usual: the reply is the same, the image just is not cached. Items a Job lists under
+"known" are cached already: the Job carries their grid and hash instead of their bytes, and the
+Done no tensor for them. Releases name the ring or the partition by its ring id.
 """
 
 import json
@@ -43,6 +53,7 @@ import traceback
 import numpy as np
 
 from ipc.errors import AllocationTooLarge, ChannelClosed, IpcError, RingFull
+from ipc.heap import HeapWriter
 from ipc.inbox import InboxReader
 from ipc.peer_memory import PeerMemory
 from ipc.results import ResultSender
@@ -51,13 +62,13 @@ from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, TensorDesc
 from mmworker.common import jpeg_planes
 from mmworker.corpus import encode, photo_like
-from mmworker.driver import MmInput, process
+from mmworker.driver import KnownItem, MmInput, process
 from mmworker.errors import BudgetExceeded, MmError, Outcome
-from mmworker.pipeline import MRope
+from mmworker.pipeline import Grid, MRope
 from mmworker.pool import naming
 from mmworker.pool.child import run_child
 from mmworker.pool.cpu_budget import CpuBudget
-from mmworker.pool.protocol import KIND_BYTES, REQUEST_RING
+from mmworker.pool.protocol import ARG_CACHE, ARG_KNOWN, KIND_BYTES, REQUEST_RING
 from mmworker.registry import pipeline_from_spec
 
 log = logging.getLogger("mmworker.worker")
@@ -83,6 +94,7 @@ class Worker:
         self.results = ResultSender(int(args["results_fd"]), identity)
         self.inbox = InboxReader(int(args["inbox_fd"]))
         self.client_memory = self._client_memory(int(args["parent"]), args["probe"])
+        self.cache = self._cache_partition(args["cache"])
         ready_ms = (time.monotonic() - self.started) * 1e3
         hello = Hello(WIRE_VERSION, self.id, os.getpid(), self.id, args["ring"], self.segment.size, ready_ms,
                       reads_in_place=self.client_memory is not None)  # fmt: skip
@@ -99,6 +111,23 @@ class Worker:
             log.warning("worker %d cannot read the client's memory, so inputs are copied for it: %s", self.id, why)
             return None
         return memory
+
+    def _cache_partition(self, cache: dict | None) -> HeapWriter | None:
+        """This slot's cache partition, its previous worker's live entries marked taken; None without a cache."""
+        if cache is None:
+            return None
+        fd = int(cache["fd"])
+        self.cache_segment = Segment.map_fd(fd, writable=True)
+        heap = HeapWriter(self.cache_segment, int(cache["ring"]))
+        os.close(fd)  # the mapping keeps the memory
+        claims_fd = cache["claims_fd"]
+        if claims_fd is not None:
+            claims = Segment.map_fd(int(claims_fd))
+            os.close(int(claims_fd))
+            for offset, nbytes, seq in np.frombuffer(claims.buffer, np.int64).reshape(-1, 3).tolist():
+                heap.claim(offset, nbytes, seq)
+            claims.close()
+        return heap
 
     def _warm_up(self) -> None:
         # Loads every kernel a request touches (from numba's on-disk cache after the first run), so
@@ -131,7 +160,19 @@ class Worker:
 
     def _control(self, message) -> None:
         if isinstance(message, Release):
-            self._free_released(message.allocations)
+            if self.cache is not None and message.ring == self.cache.ring:
+                for offset, seq in message.allocations:
+                    self.cache.release(offset, seq)
+            else:
+                self._free_released(message.allocations)
+
+    def _take_control(self) -> None:
+        """Apply the releases already waiting in the inbox (a busy worker is sent nothing else)."""
+        while (got := self.inbox.recv(0)) is not None:
+            message, fd = got
+            if fd is not None:
+                os.close(fd)
+            self._control(message)
 
     def _wait_for_space(self, seconds: float) -> None:
         got = self.inbox.recv(int(min(seconds, 0.1) * 1000))
@@ -174,6 +215,20 @@ class Worker:
                 allocations.append((array, allocation))
             return array
 
+        def cache_alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            dt = np.dtype(dtype)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            with self.budget.held():
+                allocation = self._cache_room(nbytes)
+                if allocation is None:
+                    return alloc(shape, dtype)
+                array = self.cache.array(allocation, dt, shape)
+                allocations.append((array, allocation))
+            return array
+
+        cached = set(job.args.get(ARG_CACHE) or ()) if self.cache is not None else set()
+        item_alloc = (lambda item: cache_alloc if item in cached else alloc) if cached else None
+
         # CPU budget: image_cpu_s of CPU per image, then BudgetExceeded strikes between two
         # bytecodes of the computation (a long C call finishes first; the pool's wall-clock
         # deadline covers hangs). Never outside it (mmworker.pool.cpu_budget), so never in a send,
@@ -183,7 +238,8 @@ class Worker:
         try:
             buffers = self._inputs(job, inputs)
             answer = self.budget.run(
-                self.image_cpu_s * max(1, images), lambda: self._compute(job, buffers, alloc, allocations, t0)
+                self.image_cpu_s * max(1, images),
+                lambda: self._compute(job, buffers, alloc, item_alloc, allocations, t0),
             )
         except (BudgetExceeded, MmError, IpcError) as exc:
             answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3, _kind_of(exc))
@@ -199,6 +255,18 @@ class Worker:
         except IpcError as exc:  # e.g. a result too large for one record: still answer, as a rejection
             self._free(allocations)
             self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}", kind=_INTERNAL))
+
+    def _cache_room(self, nbytes: int) -> Allocation | None:
+        """Room in the cache partition, after applying the evictions waiting in the inbox if need
+        be; None if there is none (the feature goes to the ring, uncached)."""
+        try:
+            allocation = self.cache.try_allocate(nbytes)
+            if allocation is None:
+                self._take_control()
+                allocation = self.cache.try_allocate(nbytes)
+        except AllocationTooLarge:  # larger than the whole partition
+            return None
+        return allocation
 
     def _wait_for_room(self, nbytes: int, deadline: float) -> Allocation:
         """An allocation once releases make room: RingFull after memory_wait_s (or at the job's deadline)."""
@@ -223,7 +291,7 @@ class Worker:
         except IpcError as exc:
             raise IpcError(f"internal error: job inputs not read from the client: {exc}") from exc
 
-    def _compute(self, job: Job, buffers: list[memoryview], alloc, allocations, t0: float) -> Done:
+    def _compute(self, job: Job, buffers: list[memoryview], alloc, item_alloc, allocations, t0: float) -> Done:
         if not buffers or len(buffers[0]) % 8:
             raise MmError(
                 f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them",
@@ -238,13 +306,17 @@ class Worker:
             buffer if kind == KIND_BYTES else str(buffer, "utf-8")
             for kind, buffer in zip(kinds, buffers[1:], strict=True)
         ]
-        out = process(self.family, MmInput(ids, sources), alloc=alloc)
+        known = _known(job.args.get(ARG_KNOWN), len(sources))
+        out = process(self.family, MmInput(ids, sources), alloc=alloc, item_alloc=item_alloc, known=known)
         tensors = {naming.INPUT_IDS: self._store(out.input_ids, alloc, allocations)}
-        meta: dict = {naming.OFFSETS: [list(o) for o in out.offsets], naming.HASHES: [i.hash for i in out.items]}
+        meta: dict = {naming.OFFSETS: [list(o) for o in out.offsets], naming.HASHES: [i.hash for i in out.items],
+                      naming.GRIDS: [[i.geometry.t, i.geometry.h, i.geometry.w] for i in out.items]}  # fmt: skip
         if isinstance(out.positions, MRope):  # 1-D positions: nothing to send, the scheduler uses an arange
             tensors[naming.POSITIONS] = self._store(out.positions.positions, alloc, allocations)
             meta[naming.DELTA] = out.positions.delta
         for i, item in enumerate(out.items):
+            if isinstance(item, KnownItem):  # the client has its feature and aux tensors
+                continue
             tensors[naming.feature_name(i)] = self._desc(item.feature, allocations)
             for name, value in item.aux.items():  # small tensors (a grid, a size): views on the client too
                 tensors[naming.aux_name(i, name)] = self._store(np.ascontiguousarray(value), alloc, allocations)
@@ -259,11 +331,13 @@ class Worker:
         for candidate, allocation in allocations:
             if candidate is array:
                 dtype = array.dtype.str  # the reader refuses any dtype outside ipc.ring.DTYPES
-                return TensorDesc(self.id, allocation.offset, allocation.seq, array.nbytes, dtype, array.shape)
+                return TensorDesc(allocation.ring, allocation.offset, allocation.seq, array.nbytes, dtype, array.shape)
         raise IpcError("a result tensor is not in the ring (the family did not use its allocator)")
 
     def _free(self, allocations) -> None:
-        self._free_released([(allocation.offset, allocation.seq) for _, allocation in allocations])
+        for _, allocation in allocations:
+            writer = self.cache if self.cache is not None and allocation.ring == self.cache.ring else self.ring
+            writer.release(allocation.offset, allocation.seq)
         allocations.clear()
 
     def close(self) -> None:
@@ -272,10 +346,26 @@ class Worker:
         del self.ring, self.requests
         self.segment.close()
         self.requests_segment.close()
+        if self.cache is not None:
+            del self.cache
+            self.cache_segment.close()
         self.budget.close()
 
 
 _INTERNAL = Outcome.INTERNAL.value
+
+
+def _known(rows, items: int) -> dict[int, KnownItem]:
+    """A Job's "known" items ([[item, t, h, w, hash], ...]) by item; MmError (internal) if malformed."""
+    known = {}
+    try:
+        for item, t, h, w, content_hash in rows or ():
+            if not 0 <= item < items:
+                raise ValueError(f"no item {item}")
+            known[int(item)] = KnownItem(int(content_hash), Grid(int(t), int(h), int(w)))
+    except (TypeError, ValueError) as exc:
+        raise MmError(f"malformed job: known items {rows!r}: {exc}", kind=Outcome.INTERNAL) from None
+    return known
 
 
 def _kind_of(exc: BaseException) -> str:
