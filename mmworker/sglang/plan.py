@@ -67,6 +67,8 @@ class ServerFacts:
     tokenizer_workers: int = 1  # --tokenizer-worker-num
     allowed_media_domains: tuple[str, ...] = ()
     media_url_max_file_size_mb: int = MAX_FETCH_BYTES >> 20
+    preprocess_cache_mb: int | None = None  # --mm-preprocess-cache-size-mb; None = not given
+    trust_content_hashes: bool = False  # --trust-mm-content-hashes
 
 
 @dataclass(frozen=True)
@@ -164,15 +166,20 @@ def operator_spec_settings(environ: Mapping[str, str] = os.environ) -> dict[str,
 
 
 def pool_config(facts: ServerFacts, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The pool's settings: SGLang's worker count, replies as they finish, SGLang's media behaviour;
-    then the operator's TOML file (MMWORKER_SGLANG_CONFIG), key by key, over them (all but SPEC_KEYS,
-    which `operator_spec_settings` puts into the spec)."""
+    """The pool's settings: SGLang's worker count, replies as they finish, SGLang's media behaviour,
+    SGLang's preprocess-cache size (split over its tokenizer workers, each of which has a pool, as
+    SGLang splits its own; the pool's default when not given) and whether it trusts callers'
+    content hashes; then the operator's TOML file (MMWORKER_SGLANG_CONFIG), key by key, over them
+    (all but SPEC_KEYS, which `operator_spec_settings` puts into the spec)."""
     config: dict[str, Any] = {
         "workers": facts.processor_workers or "auto",
         "ordered": False,  # each request awaits its own reply: a slow one must not hold the others
         # SGLang fetches from any host (private ones too) and reads any local path; so does the pool here.
         "media": {"allow_private": True, "allowed_local_roots": ["/"]},
+        "trust_content_hashes": facts.trust_content_hashes,
     }
+    if facts.preprocess_cache_mb is not None:
+        config["cache_mib"] = max(0, facts.preprocess_cache_mb) // max(1, facts.tokenizer_workers)
     path, data = _operator_file(environ)
     config.update({key: value for key, value in data.items() if key not in SPEC_KEYS})
     try:

@@ -144,7 +144,7 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
                              avoid_retokenize=avoid_retokenize, image_data_type=ImageData)  # fmt: skip
         if isinstance(decision, Delegated):
             return await self._delegate(decision.reason, image_data, input_text, request_obj, *args, **kwargs)
-        reply = await self._pool.aprocess(decision.prompt, decision.sources)
+        reply = await self._pool.aprocess(decision.prompt, decision.sources, content_hashes=self._hashes(request_obj))
         if not reply.ok:
             if reply.kind is Outcome.UNSUPPORTED:
                 why = UNREPRODUCED  # a stable key for stats(); the worker's own words go to the log
@@ -154,6 +154,14 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
             raise self._error(reply)
         self._served += 1
         return self._output(reply)
+
+    def _hashes(self, request_obj: Any) -> list[str | None] | None:
+        """The request's content hashes (SGLang's `mm_content_hashes`, one per image, normalised by
+        its TokenizerManager), for a pool that trusts them (--trust-mm-content-hashes) to key its
+        cache with; None otherwise."""
+        if not self._pool.config.trust_content_hashes:
+            return None
+        return getattr(request_obj, "mm_content_hashes", None)
 
     def stats(self) -> dict[str, Any]:
         """Requests served by mmworker, handed to SGLang's own path (by reason) and rejected (by kind)."""
@@ -188,6 +196,8 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
             tokenizer_workers=max(int(serving.tokenizer_worker_num or 1), 1),
             allowed_media_domains=tuple(mm.allowed_media_domains or ()),
             media_url_max_file_size_mb=int(mm.media_url_max_file_size_mb),
+            preprocess_cache_mb=None if mm.mm_preprocess_cache_size_mb is None else int(mm.mm_preprocess_cache_size_mb),
+            trust_content_hashes=bool(mm.trust_mm_content_hashes),
         )
 
     def _prompting_of(self) -> Prompting | None:

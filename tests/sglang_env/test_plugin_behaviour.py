@@ -198,28 +198,38 @@ def test_queue_full_is_a_503(monkeypatch, tmp_path):
         plugin.shutdown()
 
 
-def test_features_view_the_ring_and_come_back_when_dropped(pair):
-    """Zero copy: the feature tensor points into the worker's shared memory, which returns when it is dropped."""
+def mapped_spans(marker: str) -> list[tuple[int, int]]:
+    with open("/proc/self/maps") as maps:
+        return [tuple(int(v, 16) for v in line.split()[0].split("-")) for line in maps if marker in line]
+
+
+def test_features_view_shared_memory_and_come_back_when_dropped(pair):
+    """Zero copy: the feature tensor points into the pool's cache partition (the image is cached as it
+    is computed), the rest of the reply into the worker's ring; dropping the output gives the ring
+    memory back and unpins the entry, and the same image again is a cache hit, the same output."""
     _, plugin = pair
     pool = plugin._pool
-    out = run(plugin, [encoded(640, 480, "JPEG", 4)], prompt(1))
+    image = encoded(640, 480, "JPEG", 4)
+    out = run(plugin, [image], prompt(1))
     feature = out.mm_items[0].feature
     address = feature.data_ptr()
-    with open("/proc/self/maps") as maps:
-        shm = [line for line in maps if "/dev/shm/mmw-" in line]
-    spans = [tuple(int(v, 16) for v in line.split()[0].split("-")) for line in shm]
-    assert any(lo <= address < hi for lo, hi in spans), "the feature is not a view of a worker's ring"
-    held = pool.stats().shm_held_bytes
-    assert held >= feature.numel() * 4
+    assert any(lo <= address < hi for lo, hi in mapped_spans("/memfd:mmw-cache")), "not a view of the cache"
+    positions = out.mrope_positions.data_ptr()
+    assert any(lo <= positions < hi for lo, hi in mapped_spans("/dev/shm/mmw-")), "not a view of a worker's ring"
+    assert pool.stats().shm_held_bytes > 0
+    first = feature.clone()
     del out, feature
     gc.collect()
     pool.poll(0)
     assert pool.stats().shm_held_bytes == 0
+    hits = pool.stats().cache_hits
+    again = run(plugin, [image], prompt(1))
+    assert pool.stats().cache_hits == hits + 1 and again.mm_items[0].feature.equal(first)
 
 
 def test_a_result_larger_than_the_ring_goes_to_sglang(monkeypatch, tmp_path):
     """Features that cannot fit a worker's ring even empty (UNSUPPORTED at once): SGLang's own path serves them."""
-    args = configured(monkeypatch, tmp_path, "ring_mib = 16\n")
+    args = configured(monkeypatch, tmp_path, "ring_mib = 16\ncache_mib = 0\n")  # no cache to hold them either
     builtin = builtin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     try:
@@ -237,7 +247,8 @@ def test_a_result_larger_than_the_ring_goes_to_sglang(monkeypatch, tmp_path):
 
 def test_features_held_too_long_give_a_clear_error(monkeypatch, tmp_path):
     """Outputs kept past the ring's size: a clear 503 'shared memory full' error, no hang; dropping them heals it."""
-    args = configured(monkeypatch, tmp_path, "ring_mib = 16\nmemory_wait_s = 0.5\n")
+    # The same image each time: without the cache, each a worker's, each held in its ring.
+    args = configured(monkeypatch, tmp_path, "ring_mib = 16\nmemory_wait_s = 0.5\ncache_mib = 0\n")
     plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
     try:
         image = encoded(500, 350, "JPEG", 5)  # 900 patches: 4.2 MB of features each
@@ -254,6 +265,28 @@ def test_features_held_too_long_give_a_clear_error(monkeypatch, tmp_path):
         assert run(plugin, [image], prompt(1)).mm_items[0].feature.shape[0] > 0
     finally:
         plugin.shutdown()
+
+
+def test_sglang_cache_flags_size_the_pools_cache_and_trust_caller_hashes(tmp_path):
+    """--mm-preprocess-cache-size-mb sizes the cache (split over tokenizer workers, 0 turns it off);
+    --trust-mm-content-hashes lets SGLang's per-image content hashes key it: two different images
+    with the same hash then share an entry, as SGLang's own cache would serve them."""
+    a, b = encoded(320, 240, "JPEG", 7), encoded(320, 240, "JPEG", 8)
+    same = "sha256:" + "ab" * 32
+    for flags, cache_mib, trusted in (({"mm_preprocess_cache_size_mb": 0}, 0, False),
+                                      ({"mm_preprocess_cache_size_mb": 64, "trust_mm_content_hashes": True}, 64, True)):  # fmt: skip
+        args = server_args(**flags)
+        plugin = plugin_class(MODEL)(hf_config(MODEL), args, hf_processor(MODEL, "torchvision"), "default")
+        try:
+            config = plugin._pool.config
+            assert (config.cache_mib, config.trust_content_hashes) == (cache_mib, trusted)
+            first = run(plugin, [a], prompt(1), mm_content_hashes=[same])
+            second = run(plugin, [b], prompt(1), mm_content_hashes=[same])
+            stats = plugin._pool.stats()
+            assert stats.cache_hits == (1 if trusted else 0)
+            assert second.mm_items[0].feature.equal(first.mm_items[0].feature) is trusted
+        finally:
+            plugin.shutdown()
 
 
 _CHILD = textwrap.dedent(
