@@ -8,6 +8,7 @@
 | `supervisor` | the child processes: start, Hello, ended or overdue, restart |
 | `engine` | one turn of the pool: wait, receive, check the children, dispatch; a worker's Done into a `Reply` |
 | `slots` | the worker slots and the memory replies hold in their rings (leases, releases owed to each worker) |
+| `cache` | the feature cache: finished images in shared memory by content, their pins, LRU eviction, dedupe |
 | `naming` | the names inside a worker's Done (tensors, meta keys): built by the worker, read by the client |
 | `resources` | `PoolResources`: the OS resources of one pool (processes, sockets, segments) and their teardown |
 | `inputs` | a request's inputs: checked at submit, staged where its worker reads them, freed after |

@@ -40,13 +40,19 @@ Memory: an accepted reply holds its worker's ring (a lease, mmworker.pool.slots)
 a worker whose ring stays full `memory_wait_s` fails the job with kind MEMORY_FULL, and the
 message says which replies hold the ring and since when.
 
+Repeats: with the feature cache (mmworker.pool.cache; `cache_mib`, on by default) an image sent
+again is not computed again. A request whose images are all cached is answered inside `submit`
+(ready for the next `poll()`, no fd wake-up), one with some cached sends only the others' bytes,
+and one whose image another request is computing waits for that job.
+
 The parts, one concept each: `inflight` (the requests and their states, one reply each),
 `dispatch` (the queue and the idle workers), `supervisor` (the children: start, Hello, crash and
 deadline checks, restarts), `engine` (the turn: wait, receive, check, dispatch; Done -> Reply),
-`slots` (the workers' slots and the memory replies hold), `inputs` (a request's inputs), `answers`
-(the order replies are handed out in), `aio` (`aprocess`'s driver). Every OS resource (processes,
-sockets, segments, the runtime directory) belongs to one `PoolResources` object
-(mmworker.pool.resources), closed by `close()`, by garbage collection or at interpreter exit.
+`slots` (the workers' slots and the memory replies hold), `cache` (the feature cache), `inputs`
+(a request's inputs), `answers` (the order replies are handed out in), `aio` (`aprocess`'s driver).
+Every OS resource (processes, sockets, segments, the runtime directory) belongs to one
+`PoolResources` object (mmworker.pool.resources), closed by `close()`, by garbage collection or at
+interpreter exit.
 """
 
 import asyncio
