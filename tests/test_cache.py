@@ -146,6 +146,19 @@ def test_a_waiter_computes_itself_when_the_image_it_waited_for_failed_and_can_be
         assert replies[waiter].kind is Outcome.ABORTED and replies[producer].ok
         replies[producer].release()
         assert pool.stats().cache_entries == 1 and pool.stats().in_flight == 0
+        # A request that was to compute an image is cancelled while still queued: the one waiting
+        # for that image is admitted again at once and computes it itself.
+        other = image(1920, 1080, 7)
+        busy = pool.submit(prompt(1), [image(1920, 1080, 8)])  # keeps the one worker busy
+        producer, waiter = pool.submit(prompt(1), [other]), pool.submit(prompt(1), [other])
+        assert table[rid_of(producer)].state is State.QUEUED and table[rid_of(waiter)].state is State.WAITING
+        assert pool.cancel(producer)
+        assert table[rid_of(waiter)].state is State.QUEUED
+        replies = {r.request_id: r for r in wait_replies(pool, 3)}
+        assert replies[producer].kind is Outcome.ABORTED and replies[busy].ok and replies[waiter].ok
+        assert replies[waiter].cache_hits == 0 and replies[waiter].worker == 0
+        for r in replies.values():
+            r.release()
 
 
 def test_eviction_never_touches_what_a_live_reply_views():
@@ -195,6 +208,7 @@ def test_a_worker_killed_mid_request_leaves_the_cache_consistent():
                 before[i] = snapshot(reply)
         [pid] = pool.worker_pids()
         rid = pool.submit(prompt(8), batch)
+        waiter = pool.submit(prompt(1), [batch[0]])  # waits for the image the first is computing
         entry = pool._inflight.table[pool._inflight.answers.rid_of(rid)]
         deadline = time.monotonic() + 30
         while entry.state is not State.RUNNING:  # handed to the worker, which is computing it
@@ -202,18 +216,22 @@ def test_a_worker_killed_mid_request_leaves_the_cache_consistent():
             pool.poll(0.001)
         time.sleep(0.03)  # a few of its eight images in (the job takes well over 0.1 s here)
         os.kill(pid, signal.SIGKILL)
-        [crashed] = wait_replies(pool, 1)
-        assert crashed.kind is Outcome.WORKER_CRASHED, crashed
-        assert pool.stats().cache_entries == 3
+        replies = {r.request_id: r for r in wait_replies(pool, 2)}
+        assert replies[rid].kind is Outcome.WORKER_CRASHED, replies[rid]
+        # The waiter computed the image itself on the new worker: a miss, the right output.
+        assert replies[waiter].ok and replies[waiter].cache_hits == 0
+        assert_same(snapshot(replies[waiter]), in_process(SPEC, prompt(1), [batch[0]]))
+        replies[waiter].release()
+        assert pool.stats().cache_entries == 4
         for i, data in enumerate(cached):  # everything cached before the crash, unchanged
             with pool.process(prompt(1), [data]) as hit:
                 assert hit.cache_hits == 1
                 assert_same(snapshot(hit), before[i])
         with pool.process(prompt(8), batch) as redone:  # the new worker fills the partition
-            assert redone.cache_hits == 0
+            assert redone.cache_hits == 1  # the waiter's
             assert_same(snapshot(redone), in_process(SPEC, prompt(8), batch))
         with pool.process(prompt(8), batch) as hit:
-            assert hit.cache_hits == 8
+            assert hit.cache_hits == 8 and hit.worker is None
         for i, data in enumerate(cached):
             with pool.process(prompt(1), [data]) as reply:
                 assert_same(snapshot(reply), before[i])  # a hit, or (if evicted) computed again: the same
