@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from processes import no_leaked_segments, open_fds, wait_replies  # noqa: F401 (a fixture)
 
+from ipc.results import ResultSender
+from ipc.wire import Done, TensorDesc
 from mmworker import WorkerPool, to_sglang
 from mmworker.corpus import encode, photo_like
 from mmworker.driver import MmInput, process
@@ -277,3 +279,31 @@ def test_cache_off_computes_every_time():
                 assert reply.cache_hits == 0 and reply.worker == 0
         stats = pool.stats()
         assert (stats.cache_hits, stats.cache_misses, stats.cache_capacity_bytes) == (0, 0, 0)
+
+
+def test_a_forged_feature_in_the_partition_is_refused_and_never_viewed():
+    # A Done (sent on the worker's identity while it is stopped) naming partition space for an image
+    # the job was not to cache: the request is answered INTERNAL, no entry is made, and the space is
+    # handed back rather than shown.
+    with WorkerPool(SPEC, {"workers": 1, "cache_mib": 16}) as pool:
+        [slot] = pool._supervisor.slots
+        [pid] = pool.worker_pids()
+        heap = pool._cache.partitions[0].heap
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            rid = pool.submit(prompt(1), [image(64, 48, 70, "PNG")])
+            table = pool._inflight.table
+            pool._inflight.table[pool._inflight.answers.rid_of(rid)].cache.produce.clear()  # cache nothing
+            sender = ResultSender(os.dup(pool._res.results.sender_fd), slot.identity)
+            try:
+                forged = TensorDesc(heap, 0, 1, 64, "<f4", (16,))
+                ids = TensorDesc(slot.index, 0, 1, 8, "<i8", (1,))
+                meta = {"offsets": [[0, 0]], "hashes": [1], "grids": [[1, 2, 2]]}
+                sender.send(Done(slot.rid, {"input_ids": ids, "feature.0": forged}, meta))
+            finally:
+                sender.close()
+            [bad] = wait_replies(pool, 1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert bad.request_id == rid and bad.kind is Outcome.INTERNAL and "cached feature" in bad.error, bad
+        assert pool.stats().cache_entries == 0 and pool._cache.partitions[0].evicted == [] and not table

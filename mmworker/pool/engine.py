@@ -163,7 +163,7 @@ class Engine:
             log.warning("worker %d answered request %d while running %s; answer dropped", slot.index, message.rid,
                         slot.rid)  # fmt: skip
             if isinstance(message, Done):
-                self._drop(slot, None, message)
+                self._drop(slot, message)
             return
         self._dispatcher.job_over(slot)  # the worker has finished reading the inputs
         entries = {}
@@ -195,7 +195,7 @@ class Engine:
         cache.flush(slot)
         return entries
 
-    def _drop(self, slot: Slot, req: Request | None, done: Done) -> None:
+    def _drop(self, slot: Slot, done: Done) -> None:
         """Give back everything `done` holds: its ring allocations, and its cache partition's."""
         if self._cache is not None:
             self._cache.commit(slot, None, done)  # keeps none of them: they go back to the worker
@@ -208,16 +208,16 @@ class Engine:
         meta, ring = done.meta, slot.index
         plan = req.cache
         hits = plan.hits if plan is not None else {}
-        views = {ring: slot.reader.view}
-        if self._cache is not None:
-            views[self._cache.partitions[ring].heap] = self._cache.partitions[ring].reader.view
+        cached = {naming.feature_name(item) for item in entries}  # in the partition, and entries now
         arrays, held = {}, 0
         for name, d in done.tensors.items():
-            view = views.get(d.ring)
-            if view is None:
-                raise IpcError(f"tensor {name!r} names ring {d.ring}, not worker {ring}'s")
-            arrays[name] = view(d.offset, d.nbytes, d.dtype, d.shape)
-            held += d.nbytes if d.ring == ring else 0
+            if d.ring == ring:
+                arrays[name] = slot.reader.view(d.offset, d.nbytes, d.dtype, d.shape)
+                held += d.nbytes
+            elif name in cached:  # never a view of partition space that is no entry (it goes back)
+                arrays[name] = self._cache.partitions[ring].reader.view(d.offset, d.nbytes, d.dtype, d.shape)
+            else:
+                raise IpcError(f"tensor {name!r} names ring {d.ring}, not worker {ring}'s ring or cached feature")
         offsets = [(int(s), int(e)) for s, e in meta[naming.OFFSETS]]
         n_items = len(offsets)
         input_ids, positions, features, auxes = naming.unpack(arrays, n_items, hits)
