@@ -60,6 +60,7 @@ def main() -> int:
 
     from mmworker.common import content_hash, image_decode_rgb, resize_rgb
     from mmworker.common.decode import decode_image
+    from mmworker.common.float_bilinear import resize_frames
     from mmworker.corpus import encode, photo_like
 
     rust = load_reference_extension()
@@ -101,6 +102,15 @@ def main() -> int:
                     "bytes": len(data),
                 }
             )
+
+    # The first resize of SGLang's Qwen video path (docs/behaviour.md §5.5), one 1080p frame to
+    # smart_resize's 1008x560; the crate has no counterpart (SGLang runs torchvision for it).
+    frame = photo_like(1920, 1080, seed=1)[None]
+    out = frame[:, :560, :1008].copy()
+    op = "resize f32_bilinear"
+    ms = measure({op: (partial(resize_frames, frame, 560, 1008, out), None)}, args.rounds, args.budget)[op][0]
+    results.append({"case": "1920x1080 frame -> 1008x560", "image": "1920x1080 frame", "op": op,
+                    "mmworker_ms": ms, "rust_ms": None, "speedup": None, "bytes": frame.nbytes})  # fmt: skip
 
     print(f"{'operation':<20} {'image':<30} {'mmworker ms':>12} {'Rust ms':>10} {'speed-up':>9}")
     for row in results:
