@@ -2,13 +2,14 @@
 # Take a fresh Debian machine to a working .venv for mmworker; safe to run again (idempotent).
 #
 # What it does, in order:
-#   1. apt packages that pillow-simd's codecs build against (JPEG, zlib for PNG, WebP), and
-#      libturbojpeg (the same libjpeg-turbo, for the planes of large JPEGs), if missing;
+#   1. apt packages that pillow-simd's codecs build against (JPEG, zlib for PNG, WebP), libturbojpeg
+#      (the same libjpeg-turbo, for the planes of large JPEGs) and ffmpeg (the command line that makes
+#      the video test corpus), if missing;
 #   2. .venv with the interpreter in $PYTHON (default python3, >= 3.11);
 #   3. pillow-simd built from source, with AVX2 where the CPU has it (SSE4 otherwise), again whenever
 #      the PIL that Python imports is not its own;
-#   4. mmworker's dependencies but Pillow (pyproject.toml's, and the test extra's: pytest,
-#      pytest-timeout, hypothesis, ruff), then mmworker
+#   4. mmworker's dependencies but Pillow (pyproject.toml's, the test extra's: pytest, pytest-timeout,
+#      hypothesis, ruff, and the video extra's: PyAV), then mmworker
 #      itself with --no-deps (its `pillow` requirement is for other environments: here pip would put
 #      plain Pillow over pillow-simd to satisfy it);
 #   5. verification: every required codec present and no plain Pillow shadowing pillow-simd.
@@ -28,7 +29,9 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 # 1. System packages. Headers only: Pillow decodes PNG with zlib, so libpng is not needed.
 #    libturbojpeg0 is the TurboJPEG API of the libjpeg-turbo that pillow-simd links, which decodes
 #    large 4:2:0 JPEGs into Y/Cb/Cr planes (mmworker.common.jpeg_planes, loaded with ctypes).
-apt_packages=(libjpeg62-turbo-dev libturbojpeg0 zlib1g-dev libwebp-dev pkg-config)
+#    ffmpeg: tests/videos.py makes the video corpus with its command line (mmworker itself decodes video
+#    with PyAV, which bundles its own FFmpeg; the video tests skip without the command line).
+apt_packages=(libjpeg62-turbo-dev libturbojpeg0 zlib1g-dev libwebp-dev pkg-config ffmpeg)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -66,8 +69,8 @@ if [ ! -f "$stamp" ] || ! "$py" -c "$is_pillow_simd" 2>/dev/null; then
     touch "$stamp"
 fi
 
-# 4. The project's dependencies but Pillow, read from pyproject.toml (the test extra's too, so the
-#    test tools, pytest-timeout included, are installed on every run), then the project itself
+# 4. The project's dependencies but Pillow, read from pyproject.toml (the test and video extras' too, so
+#    the test tools, pytest-timeout included, and PyAV are installed on every run), then the project itself
 #    without them. The constraint makes pip fail loudly, rather than install plain Pillow over
 #    pillow-simd, should any of them ever come to require Pillow.
 mapfile -t deps < <("$py" - <<'PY'
@@ -76,7 +79,8 @@ import tomllib
 
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
-for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+extras = project["optional-dependencies"]
+for requirement in project["dependencies"] + extras["test"] + extras["video"]:
     if re.match(r"[A-Za-z0-9._-]+", requirement)[0].lower() != "pillow":
         print(requirement)
 PY
