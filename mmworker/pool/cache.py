@@ -24,8 +24,9 @@ overwritten.
 Eviction. Least recently used first, per partition (a worker can only use its own), and never an
 entry that a live reply views: each reply pins the entries it shows (its lease unpins them on
 release, or once its views are all gone). Space is made when it is needed: before a job that is
-to cache n images goes to a worker, its partition is given room for n of the largest features
-seen there, and the evictions go into the worker's inbox ahead of the job. A feature that still
+to cache n images goes to a worker, its partition is given contiguous room for n of the largest
+features seen there (the client knows every extent the worker's heap holds: an idle worker holds
+only the entries), and the evictions go into the worker's inbox ahead of the job. A feature that still
 finds no room (everything pinned, a larger image, fragmentation) goes to the worker's ring: that
 reply is just as correct, its image simply not cached.
 
@@ -35,6 +36,7 @@ a hit; or, if the first failed, it computes it itself). A request whose images a
 here, by the caller's thread, with no worker involved.
 """
 
+import bisect
 import collections
 import json
 import logging
@@ -93,10 +95,44 @@ class Partition:
         self.segment, self.fd = segment, fd
         self.reader = RingReader(segment, self.heap)  # views made here are read-only
         self.capacity = segment.size
-        self.entries: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()
+        self.entries: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()  # least recently used first
+        self.starts: list[int] = []  # the entries' offsets, ascending: where the free gaps are
+        self.spans: dict[int, int] = {}  # offset -> span
         self.used = 0
         self.largest = 0  # the largest entry (or uncached feature) seen: what the next one may need
         self.evicted: list[tuple[int, int]] = []  # (offset, seq) not yet sent to the worker
+
+    def add(self, entry: Entry) -> None:
+        self.entries[entry.key] = entry
+        bisect.insort(self.starts, entry.offset)
+        self.spans[entry.offset] = entry.span
+        self.used += entry.span
+
+    def evict(self, entry: Entry) -> None:
+        del self.entries[entry.key]
+        del self.starts[bisect.bisect_left(self.starts, entry.offset)], self.spans[entry.offset]
+        self.used -= entry.span
+        self.evicted.append((entry.offset, entry.seq))
+
+    def fits(self, sizes: list[int]) -> bool:
+        """Whether features of `sizes` bytes would all find room in the free gaps between the
+        entries, placed largest first, best fit, as the worker's heap (ipc.heap) places them."""
+        gaps, at = [], 0
+        for start in self.starts:
+            if start > at:
+                gaps.append(start - at)
+            at = start + self.spans[start]
+        if self.capacity > at:
+            gaps.append(self.capacity - at)
+        gaps.sort()
+        for size in sorted((max(ALIGN, -(-n // ALIGN) * ALIGN) for n in sizes), reverse=True):
+            where = bisect.bisect_left(gaps, size)
+            if where == len(gaps):
+                return False
+            rest = gaps.pop(where) - size
+            if rest:
+                bisect.insort(gaps, rest)
+        return True
 
 
 class Plan:
@@ -255,8 +291,8 @@ class FeatureCache:
                 log.warning("worker %d: cache tensor %r not kept: %s", slot.index, name, exc)
                 partition.evicted.append((desc.offset, desc.seq))
                 continue
-            partition.entries[key] = self._where[key] = committed[item] = entry
-            partition.used += entry.span
+            self._where[key] = committed[item] = entry
+            partition.add(entry)
             partition.largest = max(partition.largest, entry.span)
         if plan is not None:  # a feature it was to cache that found no room went to the ring
             for item in set(plan.produce) - set(committed):
@@ -295,20 +331,21 @@ class FeatureCache:
 
     def prepare(self, slot: "Slot", plan: Plan) -> None:
         """Before `slot`'s worker gets a job that caches `plan.produce`: evict the least recently
-        used unpinned entries of its partition until it has room for that many of the largest
-        feature seen there, and send the worker the evictions (its inbox gives them to it first)."""
+        used unpinned entries of its partition until that many of the largest feature seen there
+        would find room in its free gaps (contiguous room: evicting just enough bytes would leave
+        them scattered, and large features would miss the cache), and send the worker the
+        evictions (its inbox gives them to it before the job). The worker is idle, so the entries
+        are all it holds there."""
         partition = self.partitions[slot.index]
-        want = partition.capacity - min(partition.capacity, partition.largest * len(plan.produce))
-        if partition.used > want:
-            for key in list(partition.entries):
-                entry = partition.entries[key]
+        need = [partition.largest] * len(plan.produce) if partition.largest else []
+        if need and not partition.fits(need):
+            for entry in list(partition.entries.values()):
                 if entry.pins:
                     continue
-                del partition.entries[key], self._where[key]
-                partition.used -= entry.span
-                partition.evicted.append((entry.offset, entry.seq))
+                partition.evict(entry)
+                del self._where[entry.key]
                 self.evictions += 1
-                if partition.used <= want:
+                if partition.fits(need):
                     break
         self.flush(slot)
 
