@@ -280,3 +280,4 @@ def test_ctrl_c_stops_cleanly_with_the_partial_report(tmp_path, corpus):
     assert all_end_within(children, 10), [pid for pid in children if not ended(pid)]
     assert segments_of(proc.pid) == []
     assert not list(Path(tempfile.gettempdir()).glob(f"mmworker-{proc.pid}-*"))  # the pool's socket directory
+    assert not list(Path(tempfile.gettempdir()).glob(f"mmworker-loadtest-{proc.pid}-*"))  # the path sources' files

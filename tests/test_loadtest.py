@@ -1,18 +1,28 @@
 """`mmworker loadtest`: option checks, a short real run, the report schema, --verify, sweep and open loop,
-and a family other than Qwen's."""
+a family other than Qwen's, distinct images (variants that decode alike) and repeated ones (the
+cache's hit rate against what was sent), and the files of path sources not piling up."""
 
+import base64
+import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from mmworker.corpus import encode, photo_like
+from mmworker.driver import MmInput, process
+from mmworker.loadtest.corpus import CorpusImage
+from mmworker.loadtest.variants import Variants
+from mmworker.loadtest.workload import REPEAT_WINDOW, Ref, Workload
+from mmworker.registry import pipeline_from_spec
 
 REPORT_KEYS = {"version", "machine", "config", "duration_s", "measured_s", "interrupted", "requests", "warmup_requests",
-               "throughput", "latency_ms", "latency_parts_ms", "workers", "client", "shm", "rejects_by_kind", "verify",
-               "restarts", "ok", "failures"}  # fmt: skip
+               "throughput", "latency_ms", "latency_parts_ms", "workers", "client", "cache", "shm", "rejects_by_kind",
+               "verify", "restarts", "ok", "failures"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +49,8 @@ def loadtest(*args, timeout=240):
      (["--images-per-request", "70:1"], "counts must be 1..64"),
      (["--sources", "bytes,ftp"], "choose from bytes, data, base64, path, http"),
      (["--bad-fraction", "1.5"], "--bad-fraction must be within 0..1"),
+     (["--repeat-fraction", "1.01"], "--repeat-fraction must be within 0..1, got 1.01"),
+     (["--repeat-fraction", "-0.5"], "--repeat-fraction must be within 0..1, got -0.5"),
      (["--family", "llava"], "unknown named spec 'llava'"),
      (["--family", "inkling", "--max-pixels", "4096"], "spec inkling has no max_pixels to override")],
 )  # fmt: skip
@@ -54,7 +66,7 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
                       "--verify", "8", "--json", str(report), "--plot", str(png), "--compare-inline")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(report.read_text())
-    assert set(doc) >= REPORT_KEYS and doc["version"] == 2 and doc["ok"] is True and doc["interrupted"] is False
+    assert set(doc) >= REPORT_KEYS and doc["version"] == 3 and doc["ok"] is True and doc["interrupted"] is False
     r = doc["requests"]
     assert r["submitted"] == r["answered"] == 60 and r["lost"] == 0 and r["duplicated"] == 0
     assert doc["warmup_requests"]["submitted"] == 0
@@ -68,12 +80,18 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
     assert doc["throughput"]["requests_per_s"] > 0 and doc["inline"]["pool_speedup"] > 0
     assert sum(w["requests"] for w in doc["workers"]) == r["accepted"]
     assert sum(doc["rejects_by_kind"].values()) == r["rejected"] and set(doc["rejects_by_kind"]) == {"bad_input"}
+    # --repeat-fraction 0 (the default): every image distinct, so the cache (on by default) finds none.
+    cache = doc["cache"]
+    assert cache["enabled"] is True and cache["repeat_fraction"] == 0 and cache["repeated_images"] == 0
+    assert cache["hits"] == 0 and cache["hit_rate"] == 0.0 and cache["misses"] >= cache["good_images_sent"] > 0
+    assert cache["latency_ms"]["all_hit"]["count"] == 0 and cache["latency_ms"]["others"]["count"] == r["accepted"]
     with Image.open(png) as image:
         assert image.size == (1200, 520)
         # Drawn on: the points (blue) and the CDF (red) are there, not only a frame.
         colours = {colour for _, colour in image.getcolors(1 << 20)}
         assert (31, 119, 180) in colours and (214, 39, 40) in colours
     assert "PASS" in result.stdout and "lost / duplicated" in result.stdout
+    assert "hit rate 0.0% (0 hits," in result.stdout
     assert f"wrote report to {report}\n" in result.stdout and f"wrote plot to {png}\n" in result.stdout
 
 
@@ -114,6 +132,95 @@ def test_inkling_family_and_warm_up_counted_apart(corpus, tmp_path):
     assert doc["config"]["family"].startswith("inkling: patch 40") and doc["config"]["spec_name"] == "inkling"
     assert "1 worker," in result.stdout and "1 workers" not in result.stdout
     assert f"warm-up           │ {w['submitted']} more submitted" in result.stdout
+
+
+def test_repeated_images_hit_the_cache_as_often_as_they_were_sent(corpus, tmp_path):
+    # Half the images repeat one of the last few answered (same bytes, same kind of source), the rest
+    # are fresh. Each distinct image is then looked up once without success and every other time
+    # with success, nothing being evicted (small images, a 512 MiB cache): the pool's hits over the
+    # run are exactly the repeats the workload sent.
+    report = tmp_path / "r.json"
+    result = loadtest("--corpus", str(corpus), "--requests", "40", "--warmup", "0", "--bad-fraction", "0",
+                      "--repeat-fraction", "0.5", "--verify", "8", "--json", str(report))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads(report.read_text())
+    cache, r = doc["cache"], doc["requests"]
+    sent, repeats = cache["good_images_sent"], cache["repeated_images"]
+    assert doc["config"]["repeat_fraction"] == cache["repeat_fraction"] == 0.5
+    assert 0.35 <= repeats / sent <= 0.65  # (the first request has nothing to repeat yet)
+    assert cache["evictions"] == 0
+    assert (cache["hits"], cache["misses"]) == (repeats, sent - repeats)
+    assert cache["hit_rate"] == pytest.approx(repeats / sent, rel=1e-12)
+    assert cache["entries"] == sent - repeats and 0 < cache["bytes"] <= cache["capacity_bytes"] == 512 << 20
+    # Requests whose images were all cached were answered without a worker; the rest by one.
+    hit, other = cache["latency_ms"]["all_hit"], cache["latency_ms"]["others"]
+    assert hit["count"] > 0 and hit["count"] + other["count"] == r["accepted"] == 40
+    assert sum(worker["requests"] for worker in doc["workers"]) == other["count"]
+    assert doc["verify"] == {"checked": 8, "mismatches": 0} and doc["ok"] is True
+    assert f"hit rate {repeats / sent * 100:.1f}% ({repeats} hits, {sent - repeats} misses" in result.stdout
+    assert "all hits / others" in result.stdout
+
+
+CASES = {  # every format the load test accepts in a corpus, and the variants of each format that matter
+    "JPEG": {}, "JPEG progressive": {"progressive": True}, "JPEG grey": {"mode": "L"},
+    "PNG": {}, "PNG RGBA": {"mode": "RGBA"}, "PNG palette": {"mode": "P"},
+    "WEBP": {}, "WEBP lossless RGBA": {"mode": "RGBA", "lossless": True},
+    "GIF": {}, "GIF animated": {"save_all": True}, "BMP": {}, "BMP palette": {"mode": "P"},
+}  # fmt: skip
+
+
+def _encoded(case: str) -> bytes:
+    options = dict(CASES[case])
+    image = Image.fromarray(photo_like(97, 61, seed=3)).convert(options.pop("mode", "RGB"))
+    if options.get("save_all"):
+        options["append_images"] = [image.rotate(90)]
+    buffer = io.BytesIO()
+    image.save(buffer, case.split()[0], **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_variants_decode_to_the_same_features_under_another_hash(case):
+    data = _encoded(case)
+    variants = Variants(data, case.split()[0])
+    copies = [variants.bytes(tag) for tag in (0, 1, 2**40 + 7)]
+    assert len({data, *copies}) == 4 and len({len(c) for c in copies}) == 1
+    for tag, copy in zip((0, 1, 2**40 + 7), copies, strict=True):  # base64 text mostly sliced from the original's
+        assert variants.b64(tag, "data:x;base64,") == "data:x;base64," + base64.b64encode(copy).decode()
+    for name in ("qwen2_vl", "inkling"):
+        family = pipeline_from_spec(name)
+        [original, *others] = [process(family, MmInput(family.image_prompt(), [d])).items[0] for d in [data, *copies]]
+        for item in others:
+            assert item.feature.dtype == original.feature.dtype
+            np.testing.assert_array_equal(item.feature, original.feature)
+            assert item.geometry == original.geometry and item.hash != original.hash
+        assert len({item.hash for item in others}) == len(others)
+
+
+def test_path_sources_files_go_once_nothing_needs_them(tmp_path):
+    # Every path source is a file of its own in the scratch directory: it must go once no request in
+    # flight reads it and no later request may repeat it, or a long run fills the disk.
+    images = [CorpusImage(tmp_path / f"i{k}.png", encode(photo_like(40, 30, seed=k), "PNG"), "PNG") for k in range(3)]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    workload = Workload(images, (7,), {1: 1, 3: 1}, ("path", "bytes"), 0.0, "http://x", 1, 0.5, scratch)
+    in_flight, repeats, most = [], 0, 0
+    for spec in (workload.make(index) for index in range(300)):
+        sources = workload.acquire(spec)
+        for ref, source in zip(spec.refs, sources, strict=True):
+            if ref.kind == "path":  # the file is there, and it is this variant
+                assert Path(source).read_bytes() == workload.variants[ref.image].bytes(ref.tag)
+        repeats += spec.repeats
+        in_flight.append(spec)
+        if len(in_flight) > 4:
+            workload.release(in_flight.pop(0), accepted=True)  # its images may be repeated from now on
+        most = max(most, len(list(scratch.iterdir())))
+        assert workload.files == len(list(scratch.iterdir()))
+    assert repeats > 100 and all(isinstance(ref, Ref) for spec in in_flight for ref in spec.refs)
+    assert most <= REPEAT_WINDOW + 5 * 3  # the images repeats may choose, and those of the requests in flight
+    for spec in in_flight:
+        workload.release(spec)
+    assert len(list(scratch.iterdir())) <= REPEAT_WINDOW
 
 
 def test_memory_growth_is_reported_for_client_and_workers(capsys):

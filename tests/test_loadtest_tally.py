@@ -98,6 +98,22 @@ def test_warm_up_answers_are_counted_apart_and_stay_out_of_the_figures():
     assert tally.latency.n == 1 and len(tally.plot_points) == 1 and tally.per_worker == {0: 1}
 
 
+def test_requests_answered_from_the_cache_have_a_latency_of_their_own():
+    tally = Tally()
+    tally.submit(warmup=True, images=2, repeats=1)  # the warm-up's images are not counted
+    tally.submit(warmup=False, images=3, repeats=2)
+    tally.submit(warmup=False, images=2, repeats=2)
+    tally.submit(warmup=False, images=1)
+    add_accepted(tally, 50.0, warmup=True, cache_hits=1, images=1)
+    add_accepted(tally, 40.0, images=3, cache_hits=2)  # one image computed: a worker's
+    add_accepted(tally, 0.25, images=2, cache_hits=2, worker=None)  # all cached: the client's
+    add_accepted(tally, 30.0, images=1)
+    assert (tally.sent_images, tally.sent_repeats) == (6, 4)
+    assert tally.latency_all_hit.n == 1 and tally.latency_all_hit.summary()["p50"] == 0.25
+    assert tally.latency_others.n == 2 and tally.latency_others.summary()["max"] == 40.0
+    assert tally.latency.n == 3 and tally.per_worker == {0: 2, None: 1}
+
+
 def test_abandoned_requests_are_not_lost():
     tally = Tally()
     for warmup in (True, False, False):

@@ -1,8 +1,10 @@
 """The `mmworker loadtest` command: its options, the run sequence, and the exit status.
 
 Sequence: check every option -> corpus (generated on first use, in a process of its own) -> media
-server (127.0.0.1, own process) -> for each worker count (one, or the --sweep-workers list): pool ->
-load -> verify K sampled replies in process -> report; then the JSON report and the plot.
+server (127.0.0.1, own process) and a scratch directory (the files of path sources: see
+mmworker.loadtest.workload) -> for each worker count (one, or the --sweep-workers list): pool ->
+load -> verify K sampled replies in process -> report; then the JSON report and the plot; the
+scratch directory goes.
 
 Every option is checked before anything starts (output paths writable, corpus present, list values
 valid, the spec readable): a mistake costs no run. Exit 0 only if nothing was lost, duplicated or
@@ -16,8 +18,10 @@ Nothing here knows a family: prompts come from `Family.image_prompt`, the descri
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +35,7 @@ from mmworker.loadtest.runner import Interrupt, Runner, digest_parts
 from mmworker.loadtest.workload import (
     SOURCE_KINDS,
     Workload,
-    check_bad_fraction,
+    check_fraction,
     parse_distribution,
     parse_sources,
 )
@@ -56,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     work.add_argument("--images-per-request", default="1:60,2:25,3:10,4:5", help="N:weight,... (default %(default)s)")
     work.add_argument("--sources", default=",".join(SOURCE_KINDS), help="source kinds mixed in (default %(default)s)")
     work.add_argument("--bad-fraction", type=float, default=0.05, help="deliberately bad requests (default 0.05)")
+    work.add_argument("--repeat-fraction", type=float, default=0.0,
+                      help="share of images that repeat one sent earlier, byte for byte (default 0: every image "
+                           "is distinct)")  # fmt: skip
     work.add_argument("--seed", type=int, default=0)
     pool = p.add_argument_group("pool")
     which = pool.add_mutually_exclusive_group()
@@ -140,7 +147,8 @@ def check(args: argparse.Namespace) -> Options:
     counts: list[int | None] = _worker_counts(args.sweep_workers) if args.sweep_workers else [args.workers]
     images_per_request = parse_distribution(args.images_per_request)
     kinds = parse_sources(args.sources)
-    check_bad_fraction(args.bad_fraction)
+    check_fraction("--bad-fraction", args.bad_fraction)
+    check_fraction("--repeat-fraction", args.repeat_fraction)
     for option in ("json", "plot"):
         if getattr(args, option):
             writable_file(f"--{option}", getattr(args, option))
@@ -223,14 +231,22 @@ def _start_media_server(directory: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _verify(result, family: Family, interrupt: Interrupt) -> tuple[int, list[int]]:
+def _in_process(family: Family, workload: Workload, spec):
+    """`spec` run in this process, with the same sources as it was submitted with."""
+    try:
+        return process(family, MmInput(spec.input_ids, workload.acquire(spec)))
+    finally:
+        workload.release(spec)
+
+
+def _verify(result, family: Family, workload: Workload, interrupt: Interrupt) -> tuple[int, list[int]]:
     """Re-run the sampled requests in process: (how many were checked, the indices that differ)."""
     checked, mismatches = 0, []
     for index, digest in sorted(result.verify.items()):
         if interrupt.requested:
             break
         spec = result.specs[index]
-        out = process(family, MmInput(spec.input_ids, spec.sources))
+        out = _in_process(family, workload, spec)
         delta = getattr(out.positions, "delta", None)
         positions = getattr(out.positions, "positions", None)
         if digest_parts(out.input_ids, out.offsets, positions, delta, out.items) != digest:
@@ -239,7 +255,8 @@ def _verify(result, family: Family, interrupt: Interrupt) -> tuple[int, list[int
     return checked, mismatches
 
 
-def _inline(result, family: Family, budget_s: float, pool_rps: float, interrupt: Interrupt) -> dict:
+def _inline(result, family: Family, workload: Workload, budget_s: float, pool_rps: float,
+            interrupt: Interrupt) -> dict:  # fmt: skip
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})  # one core, like one worker
     try:
@@ -247,7 +264,7 @@ def _inline(result, family: Family, budget_s: float, pool_rps: float, interrupt:
         for spec in result.inline_specs:
             if interrupt.requested:
                 break
-            process(family, MmInput(spec.input_ids, spec.sources))
+            _in_process(family, workload, spec)
             done += 1
             if time.monotonic() - t0 > budget_s:
                 break
@@ -298,14 +315,20 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
             return [], None
     images = corpus_mod.load(directory)
     family = options.family
-    server, base_url = _start_media_server(directory)
+    scratch = Path(tempfile.mkdtemp(prefix=f"mmworker-loadtest-{os.getpid()}-")).resolve()
+    try:
+        server, base_url = _start_media_server(directory)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     reports: list[dict] = []
     result = None
     try:
-        # The load test's own media server and corpus are the only private sources it allows.
+        # The load test's own media server, corpus and scratch files are the only private sources it allows.
         media = dict(options.base_config.media or {})
         media["allowed_networks"] = [*media.get("allowed_networks", []), "127.0.0.1/32"]
-        media["allowed_local_roots"] = [*media.get("allowed_local_roots", []), str(directory.resolve())]
+        media["allowed_local_roots"] = [*media.get("allowed_local_roots", []), str(directory.resolve()),
+                                        str(scratch)]  # fmt: skip
         for count in options.counts:
             if interrupt.requested:
                 break
@@ -315,25 +338,28 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
                     break
                 workers = len(pool.worker_pids())
                 workload = Workload(images, family.image_prompt(), options.images_per_request, options.kinds,
-                                    args.bad_fraction, base_url, args.seed)  # fmt: skip
+                                    args.bad_fraction, base_url, args.seed, args.repeat_fraction,
+                                    scratch)  # fmt: skip
                 runner = Runner(pool, workload, verify=args.verify, seed=args.seed, corrupt_sample=args.corrupt_sample)
                 concurrency = None if args.rate else (args.concurrency or 2 * workers)
                 result = runner.run(concurrency=concurrency, rate=args.rate, duration=options.duration,
                                     requests=args.requests, warmup_s=args.warmup, progress=not args.no_progress,
                                     kill_every=args.kill_worker_every, interrupt=interrupt)  # fmt: skip
                 stats, pids = pool.stats(), pool.worker_pids()
-            checked, mismatches = _verify(result, family, interrupt)
+            checked, mismatches = _verify(result, family, workload, interrupt)
             pool_rps = result.tally.measured.accepted / max(1e-9, result.ended - result.measured_from)
             inline = None
             if args.compare_inline and not interrupt.requested:
-                inline = _inline(result, family, min(30.0, options.duration or 10.0), pool_rps, interrupt)
+                inline = _inline(result, family, workload, min(30.0, options.duration or 10.0), pool_rps,
+                                 interrupt)  # fmt: skip
             result.interrupted = interrupt.requested  # also by a Ctrl-C during the checks after the load
             config_doc = {
                 "mode": f"open loop {args.rate:g}/s" if args.rate else f"closed loop, {concurrency} in flight",
                 "workers": workers, "spec_name": options.spec_name, "family": family.describe(),
                 "spec": options.spec, "duration_s": options.duration, "requests": args.requests,
                 "warmup_s": args.warmup, "images_per_request": args.images_per_request, "sources": list(options.kinds),
-                "bad_fraction": args.bad_fraction, "seed": args.seed, "corpus": str(directory),
+                "bad_fraction": args.bad_fraction, "repeat_fraction": args.repeat_fraction, "seed": args.seed,
+                "corpus": str(directory),
                 "corpus_images": len(images), "pool": vars(config),
             }  # fmt: skip
             report = build_report(result, config=config_doc, pool_stats=stats, worker_pids=pids,
@@ -345,6 +371,7 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
         server.kill()
         server.wait()
         server.stdout.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     return reports, (result if len(options.counts) == 1 and reports else None)
 
 

@@ -1,6 +1,6 @@
 """The load test's report: figures from the tally, the terminal table, the JSON document, the plot, the verdict.
 
-JSON schema (version 2), all times in ms unless named *_s:
+JSON schema (version 3), all times in ms unless named *_s:
     machine {cpus, allowed_cpus, cpu_model, python, pillow, numpy, kernel}
     config  {...the run's options..., family (its description)}
     duration_s, measured_s, interrupted (Ctrl-C stopped the run: the figures are of what ran)
@@ -14,7 +14,18 @@ JSON schema (version 2), all times in ms unless named *_s:
     latency_ms {mean, p50, p90, p99, p99.9, max} (percentiles within 0.05%: mmworker.loadtest.tally)
     latency_parts_ms {queued, to_worker, busy, returned: {mean, p50, ...}}: the latency of every
         accepted request is the sum of its four parts (mmworker.pool.Reply), so the means add up
-    workers [{index, pid, cpu_utilisation, requests, images}]
+    workers [{index, pid, cpu_utilisation, requests, images}]: requests answered from the cache
+        (cache.latency_ms.all_hit) are on no worker
+    cache {enabled, hits, misses, hit_rate (hits / (hits + misses); null without lookups),
+           deduplicated, evictions: the pool's counters over the measured phase (from the first
+               measured submission on: the warm-up's lookups left out);
+           entries, bytes, capacity_bytes: at the end of the run;
+           repeat_fraction (the option), good_images_sent, repeated_images: the images of the
+               measured good requests as the workload sent them, and how many of them repeated an
+               earlier one (bad requests' images are all fresh; "too_many" sends 65 that are never
+               looked up);
+           latency_ms {all_hit, others: {count, p50, p90, p99}}: accepted measured requests whose
+               images all came from the cache (answered with no worker), and the rest}
     client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb (private), peak_rss_incl_shared_mb}
     shm {ring_mib, peak_held_mb}
     rejects_by_kind {Outcome value (mmworker.errors.Outcome): count} of the measured requests
@@ -38,7 +49,7 @@ from PIL import Image, ImageDraw, ImageFont
 from mmworker.loadtest.runner import RunResult
 from mmworker.loadtest.tally import LATENCY_PARTS
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 
 
 def plural(n: int, noun: str) -> str:
@@ -121,6 +132,7 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
             "peak_rss_mb": max((c for _, c, _ in result.rss), default=0.0),
             "peak_rss_incl_shared_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         },
+        "cache": _cache_summary(result, pool_stats, config.get("repeat_fraction", 0.0)),
         "shm": {"ring_mib": ring_mib, "peak_held_mb": pool_stats.shm_peak_held_bytes / 2**20},
         "rejects_by_kind": dict(measured.rejects_by_kind.most_common()),
         "verify": {"checked": verified, "mismatches": len(mismatches)},
@@ -133,6 +145,32 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
     if inline is not None:
         report["inline"] = inline
     return report
+
+
+def _cache_summary(result: RunResult, pool_stats, repeat_fraction: float) -> dict:
+    """The report's `cache` (the module docstring): the pool's counters from the first measured
+    submission on, set against what the workload sent."""
+    start = result.cache_from if result.cache_from is not None else pool_stats  # None: nothing measured
+
+    def measured(name: str) -> int:
+        return getattr(pool_stats, name, 0) - getattr(start, name, 0)
+
+    hits, misses = measured("cache_hits"), measured("cache_misses")
+    tally = result.tally
+
+    def latency(histogram) -> dict:
+        summary = histogram.summary()
+        return {"count": histogram.n, **{k: summary[k] for k in ("p50", "p90", "p99")}}
+
+    return {
+        "enabled": getattr(pool_stats, "cache_capacity_bytes", 0) > 0,
+        "hits": hits, "misses": misses, "hit_rate": hits / (hits + misses) if hits + misses else None,
+        "deduplicated": measured("cache_deduplicated"), "evictions": measured("cache_evictions"),
+        "entries": getattr(pool_stats, "cache_entries", 0), "bytes": getattr(pool_stats, "cache_bytes", 0),
+        "capacity_bytes": getattr(pool_stats, "cache_capacity_bytes", 0), "repeat_fraction": repeat_fraction,
+        "good_images_sent": tally.sent_images, "repeated_images": tally.sent_repeats,
+        "latency_ms": {"all_hit": latency(tally.latency_all_hit), "others": latency(tally.latency_others)},
+    }  # fmt: skip
 
 
 def _rss_summary(result: RunResult) -> dict:
@@ -203,6 +241,8 @@ def print_report(report: dict) -> None:
                             f"peak private RSS {c['peak_rss_mb']:.0f} MB")  # fmt: skip
     table.add_row("shared memory", f"peak {report['shm']['peak_held_mb']:.1f} MB held by unreleased replies "
                                    f"(rings {report['shm']['ring_mib']} MiB per worker)")  # fmt: skip
+    for name, text in _cache_rows(report["cache"]):
+        table.add_row(name, text)
     rejects = ", ".join(f"{k}: {v}" for k, v in report["rejects_by_kind"].items()) or "none"
     table.add_row("rejects by kind", rejects)
     kills = report["chaos_kills"]
@@ -221,6 +261,25 @@ def print_report(report: dict) -> None:
         verdict = f"[yellow]INTERRUPTED[/yellow] after {report['duration_s']:.1f} s; of what ran: {verdict}"
     table.add_row("verdict", verdict)
     console.print(table)
+
+
+def _cache_rows(cache: dict) -> list[tuple[str, str]]:
+    """The table's rows about the feature cache: hit rate and content, then all-hit latency."""
+    sent = (f"{cache['repeated_images']} of {cache['good_images_sent']} good requests' images sent repeated one"
+            if cache["good_images_sent"] else "no good request sent")  # fmt: skip
+    if not cache["enabled"]:
+        return [("cache", f"off; {sent}")]
+    rate = "no lookups" if cache["hit_rate"] is None else f"hit rate {cache['hit_rate'] * 100:.1f}%"
+    entries = f"{cache['entries']} {'entry' if cache['entries'] == 1 else 'entries'}"
+    rows = [("cache", f"{rate} ({cache['hits']} hits, {cache['misses']} misses; {sent}), {entries} "
+                      f"({cache['bytes'] / 2**20:.0f} of {cache['capacity_bytes'] / 2**20:.0f} MiB), "
+                      f"{plural(cache['evictions'], 'eviction')}")]  # fmt: skip
+    hit, other = cache["latency_ms"]["all_hit"], cache["latency_ms"]["others"]
+    if hit["count"]:
+        cells = [f"{lat['p50']:.2f} / {lat['p90']:.2f} / {lat['p99']:.2f} ms ({plural(lat['count'], 'request')})"
+                 if lat["count"] else "none" for lat in (hit, other)]  # fmt: skip
+        rows.append(("all hits / others", f"{cells[0]}; {cells[1]} (p50 / p90 / p99)"))
+    return rows
 
 
 # The plot's geometry and colours.

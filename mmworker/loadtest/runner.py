@@ -7,7 +7,9 @@ Closed loop keeps `concurrency` requests in flight; open loop submits at Poisson
 figures. For `verify` sampled accepted requests a digest of everything the reply carried (ids,
 offsets, positions, features, hashes) is kept, to be recomputed in process afterwards. Only the
 requests in flight are known one by one; an answer goes into the tally (mmworker.loadtest.tally)
-and is forgotten.
+and is forgotten. A request's sources are made when it is submitted (`Workload.acquire`) and
+given up when it is answered. The pool's cache counters are read when the first measured request
+is submitted (`RunResult.cache_from`), so that the report's hit rate leaves the warm-up out.
 
 Ctrl-C (SIGINT) is a request to stop, not an exception (`Interrupt`): an exception could strike in
 the middle of the pool's bookkeeping, and the run's figures are worth keeping. The loop stops
@@ -28,7 +30,7 @@ from blake3 import blake3
 
 from mmworker.loadtest.tally import Tally, reservoir_slot
 from mmworker.loadtest.workload import RequestSpec, Workload
-from mmworker.pool import Reply, WorkerPool
+from mmworker.pool import PoolStats, Reply, WorkerPool
 
 # After Ctrl-C, how long the run waits for the requests in flight before it abandons them.
 DRAIN_S = 3.0
@@ -83,6 +85,7 @@ class RunResult:
     kills: int = 0
     specs: dict[int, RequestSpec] = field(default_factory=dict)  # the verified requests' specs
     inline_specs: list[RequestSpec] = field(default_factory=list)  # good requests kept for --compare-inline
+    cache_from: PoolStats | None = None  # the pool's stats when the first measured request was submitted
 
 
 def digest_parts(input_ids, offsets, positions, delta, items, corrupt: bool = False) -> str:
@@ -199,13 +202,17 @@ class Runner:
         self.corrupt_sample = corrupt_sample
         self.duplicates = 0
         self.started = 0.0
+        self.cache_from: PoolStats | None = None
 
     def _submit(self, spec: RequestSpec, now: float, warmup: bool) -> None:
         if spec.index != self.tally.total("submitted"):
             raise RuntimeError(f"loadtest: request {spec.index} submitted out of sequence")
+        if not warmup and self.cache_from is None:
+            self.cache_from = self.pool.stats()
+        sources = self.workload.acquire(spec)
         self.flight[spec.index] = (spec, warmup)
-        self.tally.submit(warmup)
-        self.pool.submit(spec.input_ids, spec.sources, request_id=spec.index)
+        self.tally.submit(warmup, spec.images if spec.expected is None else 0, spec.repeats)
+        self.pool.submit(spec.input_ids, sources, request_id=spec.index)
 
     @property
     def in_flight(self) -> int:
@@ -218,11 +225,12 @@ class Runner:
             reply.release()
             return
         spec, warmup = entry
+        self.workload.release(spec, reply.ok)
         self.tally.add(kind=spec.kind, expected=spec.expected, images=spec.images, warmup=warmup,
                        outcome=reply.kind, error=reply.error, answered_s=now - self.started,
                        latency_ms=reply.latency_ms,
                        parts_ms=(reply.queued_ms, reply.to_worker_ms, reply.busy_ms, reply.returned_ms),
-                       worker=reply.worker)  # fmt: skip
+                       worker=reply.worker, cache_hits=reply.cache_hits)  # fmt: skip
         if not warmup:
             self.recent.append((now, reply.latency_ms, reply.ok, spec.images))
         if reply.ok:
@@ -311,7 +319,7 @@ class Runner:
             display.close()
         ended = time.monotonic()
         for _spec, warmup in self.flight.values():  # only when interrupted: stopped waiting for them
-            self.tally.abandon(warmup)
+            self.tally.abandon(warmup)  # (their files stay: the pool may still read them; the scratch goes at the end)
         for k, pid in enumerate(self.pool.worker_pids()):
             seen.setdefault(pid, [k, 0.0, 0.0])[2] = _cpu_of(pid)
         wcpu: dict[int, float] = {}
@@ -319,4 +327,4 @@ class Runner:
             wcpu[slot] = wcpu.get(slot, 0.0) + max(0.0, last - first)
         return RunResult(self.tally, self.started, ended, measured_from, interrupt.requested, dict(self.sample),
                          self.duplicates, time.process_time() - cpu0, wcpu, rss, kills, dict(self.sample_specs),
-                         list(self.inline_specs))  # fmt: skip
+                         list(self.inline_specs), self.cache_from)  # fmt: skip

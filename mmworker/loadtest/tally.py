@@ -11,6 +11,12 @@ Requests submitted during the warm-up are counted apart (`Tally.warmup`) from th
 the same measured requests, while the verdict's checks cover both. Replies are classified by their
 kind (`Reply.kind`, an mmworker.errors.Outcome), never by their message's text.
 
+Accepted measured requests whose images all came from the pool's feature cache (answered by the
+client, no worker involved) have a latency histogram of their own beside the others': the two are
+different populations, a fraction of a millisecond against the workers' time. The images of the
+good requests sent (and how many repeat an earlier one) are counted as the workload made them, to
+be set against the pool's cache counters.
+
 Percentiles come from log-spaced histograms whose bucket edges grow by 0.1%: each is within 0.05%
 of the exact sample percentile (numpy's "higher" method), clipped to the exact minimum and maximum;
 means are exact (float64 sums), as are the maxima.
@@ -116,21 +122,29 @@ class Tally:
     def __init__(self, seed: int = 0) -> None:
         self.warmup = Counts()  # requests submitted during the warm-up
         self.measured = Counts()  # requests submitted after it: the run's figures
-        self.measured_images = 0
+        self.measured_images = 0  # of measured accepted requests
+        self.sent_images = 0  # of measured good requests, as submitted
+        self.sent_repeats = 0  # ... of which repeat an image of an earlier request
         self.bad_accepted: list[str] = []  # kinds, the first few
         self.bad_wrong: list[tuple[str, str]] = []  # (kind, error), the first few
         self.internal_errors: list[str] = []  # the first few messages
         self.per_worker: Counter[int] = Counter()
         self.per_worker_images: Counter[int] = Counter()
         self.latency = LogHistogram()
+        self.latency_all_hit = LogHistogram()  # accepted requests whose images were all cached
+        self.latency_others = LogHistogram()
         self.parts = {name: LogHistogram() for name in LATENCY_PARTS}
         # (answered s, latency ms) of measured accepted requests: a uniform sample, in its first
         # min(measured.accepted, PLOT_SAMPLE) rows.
         self._plot = np.empty((PLOT_SAMPLE, 2))
         self._plot_rng = random.Random(seed)
 
-    def submit(self, warmup: bool) -> None:
+    def submit(self, warmup: bool, images: int = 0, repeats: int = 0) -> None:
+        """One request submitted; a good one with `images` images, of which `repeats` repeat earlier ones."""
         (self.warmup if warmup else self.measured).submitted += 1
+        if not warmup:
+            self.sent_images += images
+            self.sent_repeats += repeats
 
     def abandon(self, warmup: bool) -> None:
         """A request still in flight when an interrupted run stopped waiting: not lost, not answered."""
@@ -142,9 +156,10 @@ class Tally:
 
     def add(self, *, kind: str, expected: tuple[Outcome, str] | None, images: int, warmup: bool, outcome: Outcome,
             error: str | None, answered_s: float, latency_ms: float, parts_ms: tuple[float, float, float, float],
-            worker: int | None) -> None:  # fmt: skip
+            worker: int | None, cache_hits: int = 0) -> None:  # fmt: skip
         """One answer: `kind` and `expected` are the workload's (what the request is, how it must be
-        rejected), `outcome` and `error` the reply's kind and message."""
+        rejected), `outcome` and `error` the reply's kind and message; `cache_hits` its images that
+        came from the pool's cache."""
         counts = self.warmup if warmup else self.measured
         counts.answered += 1
         bad = expected is not None
@@ -176,6 +191,7 @@ class Tally:
         self.per_worker[worker] += 1
         self.per_worker_images[worker] += images
         self.latency.add(latency_ms)
+        (self.latency_all_hit if images and cache_hits >= images else self.latency_others).add(latency_ms)
         for name, value in zip(LATENCY_PARTS, parts_ms, strict=True):
             self.parts[name].add(value)
         # Every measured accepted request has the same chance to be plotted.

@@ -1,17 +1,40 @@
-"""The load test's request stream: how many images, from which kind of source, with which prompt, and
-which requests are deliberately bad (and how they must be rejected).
+"""The load test's request stream: how many images, from which kind of source, with which prompt, which
+requests are deliberately bad (and how they must be rejected), and which images repeat earlier ones.
 
 Prompts are random text ids around the family's tokens for each image (`Family.image_prompt`), so
 the stream fits any family; a "placeholder" request leaves one image's tokens out.
+
+Every image is a variant of a corpus image (mmworker.loadtest.variants): the same pixels, bytes of
+its own, so that the pool's feature cache, which keys images by their bytes, finds nothing it has
+seen unless the stream means it to. With a repeat fraction F, each image of a good request repeats,
+with probability F, one of the last REPEAT_WINDOW images of good requests accepted so far (as a
+user sends an image again in the next turn, once the last one was answered; an image still being
+computed would make the request wait for it, and a closed loop would then idle workers): the same
+variant from the same kind of source, hence the same bytes (or text) and the same cache key. Bad
+requests' images are always fresh, and never repeated: a request that fails caches nothing. Which
+image a repeat takes depends on when requests are answered; everything else in the stream is
+deterministic per seed (repeats have a random generator of their own, and a fresh image is drawn
+for every image, repeat or not).
+
+A request is kept as what it is made of (`Ref`s: corpus image, variant tag, source kind), not as its
+sources, which are made when needed (`acquire`): the runner keeps thousands of requests for
+--compare-inline and --verify, and their images' bytes would take gigabytes. A variant as bytes or
+base64 text costs one copy of the image (variants.Variants); one from a file path is a file written
+into the run's scratch directory, deleted once no request in flight reads it and no later request
+may repeat it; one from an http URL is made by the media server.
 """
 
 import base64
+import collections
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
 
 from mmworker.errors import MmError, Outcome
 from mmworker.loadtest.corpus import CorpusImage
+from mmworker.loadtest.variants import Variants
 
 SOURCE_KINDS = ("bytes", "data", "base64", "path", "http")
 BAD_KINDS = ("corrupt", "truncated", "too_many", "placeholder", "http_404")
@@ -24,15 +47,31 @@ EXPECTED_REJECTION = {
     "placeholder": (Outcome.BAD_INPUT, "media placeholder"),
     "http_404": (Outcome.BAD_INPUT, "status code 404"),
 }
+# How many of the latest answered images a repeat chooses from. Recent enough that the default
+# cache (512 MiB) holds them all with the built-in corpus at the default max_pixels (~15 MB of
+# features per image): a repeat measures a hit, not the cache's size, unless the images are larger.
+REPEAT_WINDOW = 8
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One image of a request as the workload makes it: corpus image `image`, its variant `tag` (None:
+    the corpus file as it is), from a source of `kind`; `cut`: the first third of it (a truncated file)."""
+
+    image: int
+    tag: int | None
+    kind: str
+    cut: bool = False
 
 
 @dataclass(frozen=True)
 class RequestSpec:
     index: int
     input_ids: list[int]
-    sources: list
+    refs: list  # per image a Ref, or the source itself (a bad request's random bytes, its missing URL)
     kind: str  # "good" or one of BAD_KINDS
     images: int
+    repeats: int = 0  # images that repeat one of an earlier request (the same bytes)
 
     @property
     def expected(self) -> tuple[Outcome, str] | None:
@@ -62,14 +101,16 @@ def parse_sources(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def check_bad_fraction(value: float) -> float:
+def check_fraction(option: str, value: float) -> float:
+    """`value` if it is within 0..1; MmError naming `option` (e.g. "--bad-fraction") otherwise."""
     if not 0.0 <= value <= 1.0:
-        raise MmError(f"loadtest: --bad-fraction must be within 0..1, got {value}")
+        raise MmError(f"loadtest: {option} must be within 0..1, got {value}")
     return value
 
 
 class Workload:
-    """An endless, deterministic (per seed) stream of RequestSpecs over a corpus."""
+    """An endless, deterministic (per seed) stream of RequestSpecs over a corpus (see the module
+    docstring); `scratch` is the directory for the files of path sources (needed with "path")."""
 
     def __init__(
         self,
@@ -80,41 +121,43 @@ class Workload:
         bad_fraction: float,
         base_url: str,
         seed: int,
+        repeat_fraction: float = 0.0,
+        scratch: Path | None = None,
     ) -> None:
-        check_bad_fraction(bad_fraction)
+        check_fraction("--bad-fraction", bad_fraction)
+        check_fraction("--repeat-fraction", repeat_fraction)
         parse_sources(",".join(source_kinds))
         if not image_prompt:
             raise MmError("loadtest: the family's image prompt is empty")
+        if "path" in source_kinds and scratch is None:
+            raise MmError("loadtest: path sources need a scratch directory for their files")
         self.corpus, self.image_prompt = corpus, list(image_prompt)
-        self._jpegs = [i for i in corpus if i.fmt == "JPEG"] or corpus  # what "truncated" cuts short
-        self._smallest = min(corpus, key=lambda i: len(i.data))  # what "too_many" repeats 65 times
+        self.variants = []
+        for image in corpus:
+            try:
+                self.variants.append(Variants(image.data, image.fmt))
+            except ValueError as exc:
+                raise MmError(f"loadtest: {image.path}: cannot make distinct copies of it: {exc}") from None
+        self._jpegs = [k for k, i in enumerate(corpus) if i.fmt == "JPEG"] or list(range(len(corpus)))
+        self._smallest = min(range(len(corpus)), key=lambda k: len(corpus[k].data))  # "too_many" sends it 65 times
         self.counts, self.weights = list(images_per_request), list(images_per_request.values())
         self.kinds, self.bad_fraction, self.base_url = source_kinds, bad_fraction, base_url.rstrip("/")
+        self.repeat_fraction, self.scratch = repeat_fraction, scratch
         self.rng = random.Random(seed)
-        self._encoded: dict[tuple[str, str], str] = {}
+        self._repeat_rng = random.Random(seed + 1)  # which image a repeat takes: timing decides what it chooses from
+        self._tags = 0  # the next fresh variant
+        self._recent: collections.deque[Ref] = collections.deque()  # what repeats choose from, newest last
+        self._recent_paths: collections.Counter[Path] = collections.Counter()  # their files
+        self._readers: collections.Counter[Path] = collections.Counter()  # files -> acquired requests reading them
+        self._written: set[Path] = set()
 
-    def _b64(self, image: CorpusImage) -> str:
-        key = (image.name, "b64")
-        if key not in self._encoded:
-            self._encoded[key] = base64.b64encode(image.data).decode("ascii")
-        return self._encoded[key]
-
-    def _source(self, image: CorpusImage) -> object:
-        kind = self.rng.choice(self.kinds)
-        if kind == "base64" and self._b64(image).startswith("/"):
+    def _fresh(self, image: int | None = None, cut: bool = False) -> Ref:
+        image = self.rng.randrange(len(self.corpus)) if image is None else image
+        kind = "bytes" if cut else self.rng.choice(self.kinds)
+        if kind == "base64" and base64.b64encode(self.corpus[image].data[:3]).startswith(b"/"):
             kind = "data"  # bare base64 of a JPEG starts with '/' and would be read as a path (crate rule)
-        if kind == "bytes":
-            return image.data
-        if kind == "data":  # cached: records keep their specs, so equal strings must be one object
-            key = (image.name, "data")
-            if key not in self._encoded:
-                self._encoded[key] = f"data:image/{image.fmt.lower()};base64,{self._b64(image)}"
-            return self._encoded[key]
-        if kind == "base64":
-            return self._b64(image)
-        if kind == "path":
-            return str(image.path)
-        return f"{self.base_url}/{image.name}"
+        self._tags += 1
+        return Ref(image, self._tags - 1, kind, cut)
 
     def _text(self, low: int, high: int) -> list[int]:
         """Between `low` and `high` random text ids, none of them one of the image prompt's."""
@@ -143,22 +186,107 @@ class Workload:
     def make(self, index: int) -> RequestSpec:
         rng = self.rng
         n = rng.choices(self.counts, self.weights)[0]
-        images = [rng.choice(self.corpus) for _ in range(n)]
         if rng.random() >= self.bad_fraction:
-            return RequestSpec(index, self._prompt(n, n), [self._source(i) for i in images], "good", n)
+            refs, repeats = self._good(n)
+            return RequestSpec(index, self._prompt(n, n), refs, "good", n, repeats)
         kind = rng.choice(BAD_KINDS)
-        sources = [self._source(i) for i in images]
+        refs: list = [self._fresh() for _ in range(n)]
         ids = self._prompt(n, n)
         if kind == "corrupt":
-            sources[rng.randrange(n)] = bytes(rng.getrandbits(8) for _ in range(rng.randint(16, 4096)))
+            refs[rng.randrange(n)] = bytes(rng.getrandbits(8) for _ in range(rng.randint(16, 4096)))
         elif kind == "truncated":
-            victim = rng.choice(self._jpegs)
-            sources[rng.randrange(n)] = victim.data[: len(victim.data) // 3]
-        elif kind == "too_many":
-            sources, n = [self._smallest.data] * 65, 65
+            refs[rng.randrange(n)] = self._fresh(rng.choice(self._jpegs), cut=True)
+        elif kind == "too_many":  # refused before anything is read: the corpus file itself will do
+            refs, n = [Ref(self._smallest, None, "bytes")] * 65, 65
             ids = self._prompt(65, 65)
         elif kind == "placeholder":
             ids = self._prompt(n, n - 1)
         else:
-            sources[rng.randrange(n)] = f"{self.base_url}/missing-{index}.jpg"
-        return RequestSpec(index, ids, sources, kind, n)
+            refs[rng.randrange(n)] = f"{self.base_url}/missing-{index}.jpg"
+        return RequestSpec(index, ids, refs, kind, n)
+
+    def _good(self, n: int) -> tuple[list[Ref], int]:
+        """A good request's images: each a repeat with probability repeat_fraction (of an image of
+        an answered request, none twice), else fresh."""
+        refs: list[Ref] = []
+        repeats = 0
+        for _ in range(n):
+            fresh = self._fresh()
+            if self.repeat_fraction and self.rng.random() < self.repeat_fraction:
+                choices = [ref for ref in self._recent if ref not in refs]
+                if choices:
+                    refs.append(self._repeat_rng.choice(choices))
+                    repeats += 1
+                    continue
+            refs.append(fresh)
+        return refs, repeats
+
+    def _remember(self, ref: Ref) -> None:
+        """`ref` was answered: later requests may repeat it."""
+        if ref in self._recent:
+            return
+        self._recent.append(ref)
+        if ref.kind == "path":
+            self._recent_paths[self._path(ref)] += 1
+        if len(self._recent) > REPEAT_WINDOW:
+            old = self._recent.popleft()
+            if old.kind == "path":
+                path = self._path(old)
+                self._recent_paths[path] -= 1
+                self._maybe_delete(path)
+
+    def _path(self, ref: Ref) -> Path:
+        return self.scratch / f"{ref.tag}-{self.corpus[ref.image].name}"
+
+    def source(self, ref: "Ref | bytes | str") -> object:
+        """What a request sends for `ref` (a path source's file must exist: `acquire`)."""
+        if not isinstance(ref, Ref):
+            return ref
+        image, variants, kind = self.corpus[ref.image], self.variants[ref.image], ref.kind
+        if ref.tag is None:
+            return image.data if kind == "bytes" else str(image.path)
+        if kind == "bytes":
+            data = variants.bytes(ref.tag)
+            return data[: len(data) // 3] if ref.cut else data
+        if kind == "data":
+            return variants.b64(ref.tag, f"data:image/{image.fmt.lower()};base64,")
+        if kind == "base64":
+            return variants.b64(ref.tag)
+        if kind == "path":
+            return str(self._path(ref))
+        return f"{self.base_url}/v/{ref.tag}/{quote(image.name)}"  # the media server makes it (mediaserver)
+
+    def acquire(self, spec: RequestSpec) -> list:
+        """`spec`'s sources, to submit or to run: its path sources' files are written if need be and
+        kept until `release(spec)`."""
+        for ref in spec.refs:
+            if isinstance(ref, Ref) and ref.kind == "path" and ref.tag is not None:
+                path = self._path(ref)
+                if path not in self._written:
+                    path.write_bytes(self.variants[ref.image].bytes(ref.tag))
+                    self._written.add(path)
+                self._readers[path] += 1
+        return [self.source(ref) for ref in spec.refs]
+
+    def release(self, spec: RequestSpec, accepted: bool = False) -> None:
+        """`spec` was answered (or run): its files may go once nothing else needs them. `accepted`:
+        the pool accepted it, so its images are cached now, and later requests may repeat them."""
+        if accepted and self.repeat_fraction and spec.kind == "good":
+            for ref in spec.refs:
+                self._remember(ref)
+        for ref in spec.refs:
+            if isinstance(ref, Ref) and ref.kind == "path" and ref.tag is not None:
+                path = self._path(ref)
+                self._readers[path] -= 1
+                self._maybe_delete(path)
+
+    def _maybe_delete(self, path: Path) -> None:
+        if self._readers[path] <= 0 and self._recent_paths[path] <= 0 and path in self._written:
+            path.unlink(missing_ok=True)
+            self._written.discard(path)
+            del self._readers[path], self._recent_paths[path]
+
+    @property
+    def files(self) -> int:
+        """Files of path sources on disk now."""
+        return len(self._written)
