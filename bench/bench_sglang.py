@@ -53,7 +53,10 @@ def child(kind: str, stream: str, requests: int, in_flight: int) -> dict:
 
     from mmworker.corpus import encode, photo_like
 
-    args = env.server_args(mm_processor_worker_num=0)  # SGLang's default: the model's own worker count
+    # SGLang's default worker count (the model's own); no preprocess cache on either side (SGLang's is
+    # off by default for Qwen; the flag turns the plug-in's off too): the images go round in turn, and
+    # the processing is what is compared (bench_cache measures the cache).
+    args = env.server_args(mm_processor_worker_num=0, mm_preprocess_cache_size_mb=0)
     cls = env.builtin_class(MODEL) if kind == "builtin" else env.plugin_class(MODEL)
     processor = cls(env.hf_config(MODEL), args, env.hf_processor(MODEL, "torchvision"), "default")
     # Distinct images (a cache anywhere would otherwise flatter): 16 per shape, used in turn.
