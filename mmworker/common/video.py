@@ -182,14 +182,35 @@ def decode_frames(data: Source, indices: Sequence[int] | np.ndarray, out: np.nda
         raise UsageError(f"decode_frames: out must be a writeable uint8 array of shape {shape}, got "
                          f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")  # fmt: skip
     if len(wanted):
-        turns = info.rotation // 90
 
         def keep(position: int, rgb: np.ndarray) -> None:
-            out[position] = np.rot90(rgb, turns) if turns else rgb
+            out[position] = rgb
 
-        with _Input(data) as video:
-            video.decode(info, wanted, keep)
+        decode_each(data, wanted, keep, info)
     return out
+
+
+def decode_each(data: Source, indices: Sequence[int] | np.ndarray, keep: Callable[[int, np.ndarray], None],
+                info: VideoInfo | None = None) -> None:  # fmt: skip
+    """`decode_frames` as a stream: keep(position, rgb) for each of `indices` in turn, nothing held.
+
+    `rgb` is the frame `decode_frames` would store at `position`, uint8 [height, width, 3] (rotated), as a
+    view of the decoder's buffer that is valid only during the call (rows may be strided, and a rotated
+    frame is a strided view): a consumer that resizes each frame as it comes holds no decoded frame
+    beyond the one in flight. Same rules for `indices` and `info` as `decode_frames`.
+    """
+    if info is None:
+        info = probe(data)
+    wanted = _check_indices(indices, info.frames)
+    if not wanted:
+        return
+    turns = info.rotation // 90
+
+    def turned(position: int, rgb: np.ndarray) -> None:
+        keep(position, np.rot90(rgb, turns) if turns else rgb)
+
+    with _Input(data) as video:
+        video.decode(info, wanted, turned)
 
 
 def _check_indices(indices: Sequence[int] | np.ndarray, count: int) -> list[int]:

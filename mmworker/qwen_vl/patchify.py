@@ -4,7 +4,8 @@ pixel_values is float32 [gh * gw, 3 * tps * ps * ps] in Hugging Face's order (do
 or the same as bfloat16 (uint16 storage of bf16 bits: the spec's `feature_dtype`):
 patches ordered (gh/m, gw/m, m, m) so each merge block of m x m patches is contiguous, and inside
 a patch (channel, temporal copy, row, column). A still image is repeated `tps` times along the
-temporal axis.
+temporal axis; a video's temporal patch holds `tps` distinct frames instead (`patchify_frames_into`,
+the same kernel given the frames side by side).
 
 The resize's vertical pass happens here, not before: every resampler runs it after the
 horizontal one, on uint8 rows, with coefficients of its own axis (mmworker.common.resize), so
@@ -29,7 +30,7 @@ clipped byte minus a finite offset, divided by a finite non-zero scale (the spec
 from dataclasses import dataclass
 
 import numpy as np
-from numba import float32, int32, njit, uint32, uint64
+from numba import float32, int32, int64, njit, uint32, uint64
 
 from mmworker.common.jpeg_planes import LentMemory
 from mmworker.common.stream import LINE_BYTES, LINE_FLOATS, copy_line, runs_to_lines, stream_fence, stream_out
@@ -82,6 +83,42 @@ def patchify_into(
     rows = PatchifyRows(vertical, norm, patch, merge, temporal, pixels.shape[:2], out)
     rows(0, pixels)
     rows.finish()
+
+
+def patchify_frames_into(
+    frames: np.ndarray,
+    vertical: tuple[np.ndarray, np.ndarray, int],
+    norm: Normalisation,
+    patch: int,
+    merge: int,
+    out: np.ndarray,
+) -> None:
+    """The rows of one temporal patch of a video's pixel_values, into out (as `patchify_into`'s out, with
+    temporal = len(frames)): temporal copy t is frames[t], where a still image repeats itself.
+
+    `frames`: (temporal, h, w, 4) uint8, C-contiguous, each frame's pixels as `patchify_into` takes them;
+    `vertical` the vertical pass from h rows to the output's height, applied to every frame alike.
+    """
+    if (
+        not isinstance(frames, np.ndarray)
+        or frames.dtype != np.uint8
+        or frames.ndim != 4
+        or frames.shape[3] != 4
+        or not frames.flags.c_contiguous
+    ):
+        raise MmError(f"patchify: expected C-contiguous (t, h, w, 4) uint8 frames, got "
+                      f"{getattr(frames, 'dtype', type(frames).__name__)} {getattr(frames, 'shape', '')}")  # fmt: skip
+    if frames.ctypes.data % 4:
+        raise MmError("patchify: frames must be 4-byte aligned")
+    temporal, h, w = frames.shape[:3]
+    # The checks of sizes, coefficients (every row they read lies in the frame) and out.
+    rows = PatchifyRows(vertical, norm, patch, merge, temporal, (h, w), out)
+    words = frames.reshape(temporal, h, w * 4).view(np.uint32)
+    words.flags.writeable = False  # one numba specialisation, as in PatchifyRows
+    _patchify(
+        words, rows._bounds, 0, rows._weights, rows._precision, norm.divisor is not None, rows._divisor,
+        norm.offset, norm.scale, patch, merge, temporal, out,
+    )  # fmt: skip
 
 
 def _check_pixels(pixels: np.ndarray) -> None:
@@ -151,7 +188,7 @@ class PatchifyRows:
         norm, (patch, merge, temporal) = self._norm, self._shape
         # Always a read-only view: decoded and resized pixels come both ways, and numba compiles (and
         # caches) one specialisation per array type, which a worker's warm-up would have to cover.
-        words = pixels.reshape(n, w * 4).view(np.uint32)
+        words = pixels.reshape(1, n, w * 4).view(np.uint32)
         words.flags.writeable = False
         step = self._out_per_block_row
         rows = slice(b0 * self._block, b1 * self._block)
@@ -205,23 +242,27 @@ def _row_plan(bounds, taps, height, block, starts, ends):
 
 @njit(cache=True, error_model="numpy")
 def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset, scale, patch, merge, temporal, out):
-    """The kernel behind `patchify_into`; src is the pixels as uint32 [h, w] (one word per pixel),
-    from source row `row0` on (bounds count rows from 0). out is float32, or uint16 for bf16 bits:
-    numba compiles one of each; they differ only in the streaming stores, which narrow the float32
-    band's values as they write them (mmworker.common.stream).
+    """The kernel behind `patchify_into` and `patchify_frames_into`; src is F frames' pixels as uint32
+    [F, h, w] (one word per pixel), from source row `row0` on (bounds count rows from 0, the same for
+    every frame). F = 1: a still image, repeated over the `temporal` copies; F = temporal: temporal
+    copy t is frame t (a video's frames of one temporal patch). out is float32, or uint16 for bf16
+    bits: numba compiles one of each; they differ only in the streaming stores, which narrow the
+    float32 band's values as they write them (mmworker.common.stream).
 
     Indices are unsigned on purpose: numba wraps negative signed indices, and that per-access
     branch keeps LLVM from vectorising. error_model="numpy": a float division may divide by zero
     without a check per element, which is what lets the normalisation vectorise.
     """
-    n_w = uint64(src.shape[1])
+    n_frames = uint64(src.shape[0])
+    n_w = uint64(src.shape[2])
+    frame_rows = uint64(src.shape[1])
     pixels = src.reshape(-1)
     flat = out.reshape(-1)
     band_rows = merge * patch
     n_patch = uint64(patch)
     plane_floats = uint64(band_rows) * n_w  # one channel of a band
     # Rows are copied 16 floats at a time, up to 15 past a row's end: room for the last one.
-    band = np.empty(uint64(3) * plane_floats + uint64(LINE_FLOATS), np.float32)
+    band = np.empty(n_frames * uint64(3) * plane_floats + uint64(LINE_FLOATS), np.float32)
     acc = np.empty(uint64(3) * n_w, np.int32)
     half, shift = int32(1 << (precision - 1)), int32(precision)
     ksize = uint64(weights.shape[1])
@@ -233,16 +274,17 @@ def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset
     # block then starts on a line); otherwise it is assembled in an L1 stage and streamed.
     group = uint64(_GROUP_OF_14 if patch == 14 else _GROUP_OF_16 if patch == 16 else 0)
     direct = group > 0 and block % group == 0 and address % LINE_BYTES == 0
-    # Where each patch row of a merge block starts in the band, from the block's first column, in
-    # output order: sub-row, sub-column, channel, temporal copy, row.
+    # Where each patch row of a merge block starts in the band (frame f's channel c is plane f * 3 + c),
+    # from the block's first column, in output order: sub-row, sub-column, channel, temporal copy, row.
     n_runs = block // n_patch
     runs = np.empty(n_runs, np.int64)
     k = 0
     for mh in range(merge):
         for mw in range(merge):
             for c in range(3):
-                for _t in range(temporal):
-                    corner = uint64(c) * plane_floats + uint64(mh) * n_patch * n_w + uint64(mw) * n_patch
+                for t in range(temporal):
+                    plane = uint64(t if n_frames > uint64(1) else 0) * uint64(3) + uint64(c)
+                    corner = plane * plane_floats + uint64(mh) * n_patch * n_w + uint64(mw) * n_patch
                     for py in range(n_patch):
                         runs[k] = corner + py * n_w
                         k += 1
@@ -252,9 +294,11 @@ def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset
     two_w = n_w + n_w
     at = uint64(0)
     for b in range(bounds.shape[0] // band_rows):
-        for r in range(band_rows):
+        for fr in range(int64(n_frames) * band_rows):  # frame by frame, the band's rows of each
+            f = fr // band_rows
+            r = fr - f * band_rows
             y = uint64(b * band_rows + r)
-            first, count = uint64(bounds[y, 0] - row0), uint64(bounds[y, 1])
+            first, count = uint64(bounds[y, 0] - row0) + uint64(f) * frame_rows, uint64(bounds[y, 1])
             # The vertical pass, per channel plane, straight from the packed pixels.
             for i in range(uint64(3) * n_w):
                 acc[i] = half
@@ -283,7 +327,7 @@ def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset
                     acc[two_w + x] = int32(acc[two_w + x] + int32((p >> b_shift) & byte) * tap)
             for c in range(3):
                 d, o, s = divisor[c], offset[c], scale[c]
-                a0, o0 = uint64(c) * n_w, uint64(c) * plane_floats + uint64(r) * n_w
+                a0, o0 = uint64(c) * n_w, (uint64(f) * uint64(3) + uint64(c)) * plane_floats + uint64(r) * n_w
                 if pre_divide:
                     for x in range(n_w):
                         v = min(max(acc[a0 + x] >> shift, 0), 255)
@@ -292,7 +336,7 @@ def _patchify(src, bounds, row0, weights, precision, pre_divide, divisor, offset
                     for x in range(n_w):
                         v = min(max(acc[a0 + x] >> shift, 0), 255)
                         band[o0 + x] = (float32(v) - o) / s
-        for j in range(src.shape[1] // band_rows):
+        for j in range(src.shape[2] // band_rows):
             x0 = uint64(j * merge) * n_patch  # the block's first column in the band
             if direct:
                 if patch == 14:
