@@ -52,6 +52,7 @@ from mmworker.pipeline import Allocator, numpy_allocator, spec_mapping
 from mmworker.qwen_vl.patchify import normalisation, patchify_frames_into
 from mmworker.qwen_vl.sizing import smart_resize
 from mmworker.qwen_vl.spec import NAMED_SPECS, QwenSpec
+from mmworker.qwen_vl.video_layout import timestamp_text
 
 # --- SGLang 0.5.23, sglang/srt/multimodal/processors/qwen_vl.py (module constants there) ----------
 # The factor of SGLang's first resize (its IMAGE_FACTOR), for every Qwen model.
@@ -277,11 +278,6 @@ def timestamps(indices: Sequence[int] | np.ndarray, fps: float, temporal_patch_s
     seconds += [seconds[-1]] * (-len(seconds) % temporal_patch_size)
     last = temporal_patch_size - 1
     return [(seconds[i] + seconds[i + last]) / 2 for i in range(0, len(seconds), temporal_patch_size)]
-
-
-def timestamp_text(seconds: float) -> str:
-    """The text Qwen3's processor puts before a temporal patch's vision block."""
-    return f"<{seconds:.1f} seconds>"
 
 
 def _as_spec(spec: QwenSpec | Mapping[str, Any] | str) -> QwenSpec:
