@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipc.errors import AllocationTooLarge, IpcError
-from ipc.ring import ALIGN, Allocation
+from ipc.ring import ALIGN, Allocation, allocation_array
 from ipc.segment import Segment
 
 
@@ -180,11 +180,7 @@ class HeapWriter:
 
     def array(self, allocation: Allocation, dtype: np.dtype | str, shape: tuple[int, ...]) -> np.ndarray:
         """A writable C-contiguous array over an allocation (the writer fills an entry here)."""
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if count * dt.itemsize > allocation.nbytes:
-            raise IpcError(f"heap {self.ring}: {shape} {dt} does not fit a {allocation.nbytes}-byte allocation")
-        return np.frombuffer(self._bytes, dt, count, allocation.offset).reshape(shape)
+        return allocation_array(self._bytes, allocation, dtype, shape, f"heap {self.ring}")
 
     def stats(self) -> HeapStats:
         largest = self._fits[-1][0] if self._fits else 0

@@ -166,14 +166,22 @@ class RingWriter:
 
     def array(self, allocation: Allocation, dtype: np.dtype | str, shape: tuple[int, ...]) -> np.ndarray:
         """A writable C-contiguous array over an allocation (the writer fills its output here)."""
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if count * dt.itemsize > allocation.nbytes:
-            raise IpcError(f"ring {self.ring}: {shape} {dt} does not fit a {allocation.nbytes}-byte allocation")
-        return np.frombuffer(self._bytes, dt, count, allocation.offset).reshape(shape)
+        return allocation_array(self._bytes, allocation, dtype, shape, f"ring {self.ring}")
 
     def stats(self) -> RingStats:
         return RingStats(self.capacity, self._used, len(self._live), self._peak, self._seq, self._full_waits)
+
+
+def allocation_array(
+    memory: np.ndarray, allocation: Allocation, dtype: np.dtype | str, shape: tuple[int, ...], owner: str
+) -> np.ndarray:
+    """A writable C-contiguous `dtype[shape]` array over `allocation` of a writer's `memory` (its
+    segment as uint8); IpcError naming `owner` if it does not fit the allocation."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count * dt.itemsize > allocation.nbytes:
+        raise IpcError(f"{owner}: {shape} {dt} does not fit a {allocation.nbytes}-byte allocation")
+    return np.frombuffer(memory, dt, count, allocation.offset).reshape(shape)
 
 
 class RingReader:
