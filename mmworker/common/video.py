@@ -16,6 +16,13 @@ on a serving host), and reproduces what torchcodec computes (docs/behaviour.md Â
   applied to ONE sequential decode of the stream, which is what torchcodec's seeks amount to on a
   conforming stream (a seek lands on a keyframe at or before the target; decoding on from there or
   from the start outputs the same frames).
+- **Only the frames needed** (H.264): a frame no other frame references (nal_ref_idc 0) and that is
+  not sampled is not decoded at all (FFmpeg's skip_frame NONREF, switched per packet: FFmpeg reads it
+  per slice); reference frames and sampled ones are. Every sampled frame is still output, in the
+  same order, so the rule above finds the same frames; this holds when each sampled index's pts is
+  exactly its seek target (checked first) and each frame handed out is checked to carry its index's
+  pts; if one does not, the decode starts over with every frame decoded and resumes where it was. Not
+  for HEVC, whose "non-reference" pictures may still be referenced by higher temporal sub-layers.
 - **Conversion to RGB**: swscale, from the frame's own colour matrix and range (the range tag when
   the frame has one, else the pixel format's: full for yuvj* and grey, limited otherwise), with
   swscale's default bicubic scaler (used for chroma upsampling), to full-range rgb24: what
@@ -210,7 +217,10 @@ def decode_each(data: Source, indices: Sequence[int] | np.ndarray, keep: Callabl
         keep(position, np.rot90(rgb, turns) if turns else rgb)
 
     with _Input(data) as video:
-        video.decode(info, wanted, turned)
+        done = video.decode(info, wanted, turned, skip=True)
+    if done < len(wanted):  # a frame broke the skipping's assumption (module docstring): decode every frame
+        with _Input(data) as video:
+            video.decode(info, wanted, turned, skip=False, start=done)
 
 
 def _check_indices(indices: Sequence[int] | np.ndarray, count: int) -> list[int]:
@@ -446,12 +456,21 @@ class _Input:
             raise UnsupportedInput(f"video decode: frame {index} is {frame.width}x{frame.height} in a stream of "
                                    f"{width}x{height} (a frame size change mid-stream)")  # fmt: skip
 
-    def decode(self, info: VideoInfo, wanted: list[int], keep: Callable[[int, np.ndarray], None]) -> None:
-        """Decode the stream once, from the start, handing keep(position, rgb) the frame for each wanted index."""
+    def decode(self, info: VideoInfo, wanted: list[int], keep: Callable[[int, np.ndarray], None], *, skip: bool,
+               start: int = 0) -> int:  # fmt: skip
+        """Decode the stream once, from the start, handing keep(position, rgb) the frame for each wanted index
+        from position `start` on; with `skip`, H.264 non-reference frames not wanted are not decoded. Returns
+        len(wanted), or with `skip` the position whose frame did not carry its index's pts (nothing handed
+        out for it: the caller decodes again without skipping)."""
         self._check_claims()
         context, time_base = self._context, info.time_base
         if self._stream.time_base != time_base or len(info.frame_pts) != info.frames:
             raise UsageError("decode_frames: info is not probe() of this data")
+        needed = None  # the pts of the frames that must be decoded, when others may be skipped
+        if skip and context.codec.name == "h264":
+            targets = [info.frame_pts[i] for i in wanted]
+            if all(_closest_pts(_seconds(p, time_base), time_base) == p for p in targets):
+                needed = set(targets)
         reformatter = VideoReformatter()
         width, height = context.width, context.height
         position = 0  # into wanted
@@ -460,6 +479,8 @@ class _Input:
         seek = True  # whether the current target moved the cursor (it does unless it follows `previous`)
         decoded = 0
         for packet in self._packets():
+            if needed is not None:  # PyAV's flush packet (no pts) decodes whatever is left
+                context.skip_frame = "DEFAULT" if packet.pts is None or packet.pts in needed else "NONREF"
             for frame in self._frames(packet):
                 decoded += 1
                 if decoded > MAX_VIDEO_FRAMES:
@@ -472,12 +493,17 @@ class _Input:
                 pts = frame.pts if frame.pts is not None else frame.dts
                 if (_NOPTS if pts is None else pts) < cursor:
                     continue
+                if needed is not None and pts != info.frame_pts[index]:
+                    return position
                 self._check_frame_size(frame, index, width, height)
-                keep(position, _to_rgb(reformatter, frame))
+                if position >= start:
+                    keep(position, _to_rgb(reformatter, frame))
                 previous, position = index, position + 1
                 if position == len(wanted):
-                    return
+                    return position
                 seek = wanted[position] != previous + 1
+        if needed is not None:  # a wanted frame may have been skipped: the caller decodes again, every frame
+            return position
         raise MmError(f"video decode: frame {wanted[position]} of {info.frames} never decoded (the stream ends "
                       "early: truncated or corrupt)")  # fmt: skip
 
