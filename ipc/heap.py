@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipc.errors import AllocationTooLarge, IpcError
-from ipc.ring import ALIGN, Allocation, allocation_array
+from ipc.ring import ALIGN, Allocation, aligned_size, allocation_array
 from ipc.segment import Segment
 
 
@@ -53,10 +53,6 @@ class HeapStats:
     peak_used: int
     allocations: int  # made by try_allocate or claim, over the writer's life
     largest_free: int
-
-
-def _aligned(nbytes: int) -> int:
-    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
 
 
 class HeapWriter:
@@ -86,7 +82,7 @@ class HeapWriter:
         """A fresh allocation of at least nbytes in the smallest free extent that fits, or None if none does now."""
         if nbytes < 0:
             raise IpcError(f"heap {self.ring}: cannot allocate a negative size ({nbytes} bytes)")
-        size = _aligned(nbytes)
+        size = aligned_size(nbytes)
         if size > self.capacity:
             raise AllocationTooLarge(
                 f"heap {self.ring}: an allocation of {nbytes} bytes is larger than the heap ({self.capacity} bytes)"
@@ -145,7 +141,7 @@ class HeapWriter:
             raise IpcError(f"heap {self.ring}: cannot claim {nbytes} bytes with seq {seq} (sizes >= 0, seqs >= 1)")
         if offset % ALIGN:
             raise IpcError(f"heap {self.ring}: cannot claim offset {offset}: not {ALIGN}-byte aligned")
-        size = _aligned(nbytes)
+        size = aligned_size(nbytes)
         end = offset + size
         if offset < 0 or end > self.capacity:
             raise IpcError(f"heap {self.ring}: cannot claim [{offset}, {end}): outside the {self.capacity}-byte heap")

@@ -40,6 +40,11 @@ DTYPES = frozenset({"|u1", "<u2", "<i4", "<i8", "<f2", "<f4", "<f8"})
 _DTYPE_OBJECTS = {name: np.dtype(name) for name in DTYPES}  # parsed once: views are made per reply
 
 
+def aligned_size(nbytes: int) -> int:
+    """The space an allocation of `nbytes` takes in a ring or heap: ALIGN-rounded, at least ALIGN."""
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
 @dataclass(frozen=True)
 class Allocation:
     """One live region of a ring: where it is, how big, and its sequence number (for releases)."""
@@ -89,7 +94,7 @@ class RingWriter:
 
     def try_allocate(self, nbytes: int) -> Allocation | None:
         """A fresh allocation of at least nbytes, or None if the ring has no room right now."""
-        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        size = aligned_size(nbytes)
         if size > self.capacity:
             raise AllocationTooLarge(
                 f"ring {self.ring}: an allocation of {nbytes} bytes is larger than the ring ({self.capacity} bytes)"

@@ -47,7 +47,7 @@ import numpy as np
 from blake3 import blake3
 
 from ipc.errors import ChannelClosed, IpcError
-from ipc.ring import ALIGN, RingReader
+from ipc.ring import ALIGN, RingReader, aligned_size
 from ipc.segment import Segment
 from ipc.wire import Done, Release
 from mmworker.pipeline import Grid
@@ -83,7 +83,7 @@ class Entry:
     @property
     def span(self) -> int:
         """The partition space it takes (allocations are ALIGN-rounded)."""
-        return max(ALIGN, -(-self.nbytes // ALIGN) * ALIGN)
+        return aligned_size(self.nbytes)
 
 
 class Partition:
@@ -125,7 +125,7 @@ class Partition:
         if self.capacity > at:
             gaps.append(self.capacity - at)
         gaps.sort()
-        for size in sorted((max(ALIGN, -(-n // ALIGN) * ALIGN) for n in sizes), reverse=True):
+        for size in sorted(map(aligned_size, sizes), reverse=True):
             where = bisect.bisect_left(gaps, size)
             if where == len(gaps):
                 return False
@@ -283,7 +283,7 @@ class FeatureCache:
                 for aux_name, aux_desc in done.tensors.items():
                     if aux_name.startswith(prefix):
                         view = slot.reader.view(aux_desc.offset, aux_desc.nbytes, aux_desc.dtype, aux_desc.shape)
-                        aux[aux_name[len(prefix) :]] = _frozen(view.copy())
+                        aux[aux_name[len(prefix) :]] = frozen(view.copy())
                 t, h, w = (int(v) for v in grids[item])
                 entry = Entry(key, slot.index, desc.offset, desc.seq, desc.nbytes, desc.dtype, tuple(desc.shape),
                               aux, int(hashes[item]), Grid(t, h, w))  # fmt: skip
@@ -310,7 +310,7 @@ class FeatureCache:
     def aux(entry: Entry) -> dict[str, np.ndarray]:
         """An entry's aux tensors for one reply: copies of its own (tiny), so that a reply's views
         end with the reply, never with the entry (mmworker.pool.drops)."""
-        return {name: _frozen(value.copy()) for name, value in entry.aux.items()}
+        return {name: frozen(value.copy()) for name, value in entry.aux.items()}
 
     def pin(self, entries: list[Entry]) -> None:
         for entry in entries:
@@ -389,6 +389,7 @@ class FeatureCache:
         return len(self._where)
 
 
-def _frozen(array: np.ndarray) -> np.ndarray:
+def frozen(array: np.ndarray) -> np.ndarray:
+    """`array`, made read-only (what a reply hands out)."""
     array.flags.writeable = False
     return array

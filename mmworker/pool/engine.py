@@ -31,7 +31,7 @@ from mmworker.driver import assemble
 from mmworker.errors import MmError, Outcome
 from mmworker.pipeline import Family, MRope
 from mmworker.pool import naming
-from mmworker.pool.cache import ADMIT_HIT, ADMIT_WAIT, FeatureCache
+from mmworker.pool.cache import ADMIT_HIT, ADMIT_WAIT, FeatureCache, frozen
 from mmworker.pool.dispatch import Dispatcher
 from mmworker.pool.inflight import InFlight, Request, State
 from mmworker.pool.inputs import override_hashes
@@ -256,8 +256,8 @@ class Engine:
         pins, plan.pins = plan.pins, []
         lease = self._leases.grant(None, req.rid, [], 0, pins)
         reply = Reply(
-            request_id=req.request_id, ok=True, input_ids=_frozen(input_ids), offsets=offsets, items=items,
-            positions=_frozen(mrope.positions) if mrope else None, delta=mrope.delta if mrope else None,
+            request_id=req.request_id, ok=True, input_ids=frozen(input_ids), offsets=offsets, items=items,
+            positions=frozen(mrope.positions) if mrope else None, delta=mrope.delta if mrope else None,
             family=self._family, cache_hits=len(entries), _lease=lease,
         )  # fmt: skip
         self._inflight.accept(req, reply)
@@ -280,8 +280,3 @@ def _allocations(slot: Slot, done: Done) -> list[tuple[int, int]]:
     """(offset, seq) of every tensor a Done holds in its worker's ring: what a Release gives back
     (what it holds in the cache partition is the cache's)."""
     return [(d.offset, d.seq) for d in done.tensors.values() if d.ring == slot.index]
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
