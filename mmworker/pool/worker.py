@@ -158,13 +158,15 @@ class Worker:
         for offset, seq in allocations:
             self.ring.release(offset, seq)
 
+    def _writer(self, ring: int) -> RingWriter | HeapWriter:
+        """The allocator a ring id names: the cache partition's, else this worker's ring."""
+        return self.cache if self.cache is not None and ring == self.cache.ring else self.ring
+
     def _control(self, message) -> None:
         if isinstance(message, Release):
-            if self.cache is not None and message.ring == self.cache.ring:
-                for offset, seq in message.allocations:
-                    self.cache.release(offset, seq)
-            else:
-                self._free_released(message.allocations)
+            writer = self._writer(message.ring)
+            for offset, seq in message.allocations:
+                writer.release(offset, seq)
 
     def _take_control(self) -> None:
         """Apply the releases already waiting in the inbox (a busy worker is sent nothing else)."""
@@ -206,26 +208,23 @@ class Worker:
         deadline = t0 + max(job.deadline_ms, 1) / 1000
         allocations = []  # (array, allocation) of this job, freed if it fails
 
-        def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-            dt = np.dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            with self.budget.held():  # an allocation made is recorded, so a failure frees it
-                allocation = self.ring.try_allocate(nbytes) or self._wait_for_room(nbytes, deadline)
-                array = self.ring.array(allocation, dt, shape)
-                allocations.append((array, allocation))
-            return array
+        def allocator(cache: bool):
+            def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+                dt = np.dtype(dtype)
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                with self.budget.held():  # an allocation made is recorded, so a failure frees it
+                    # In the cache partition if it has room (a feature to cache), else in the ring.
+                    allocation = self._cache_room(nbytes) if cache else None
+                    writer = self.ring if allocation is None else self.cache
+                    if allocation is None:
+                        allocation = self.ring.try_allocate(nbytes) or self._wait_for_room(nbytes, deadline)
+                    array = writer.array(allocation, dt, shape)
+                    allocations.append((array, allocation))
+                return array
 
-        def cache_alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-            dt = np.dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            with self.budget.held():
-                allocation = self._cache_room(nbytes)
-                if allocation is None:
-                    return alloc(shape, dtype)
-                array = self.cache.array(allocation, dt, shape)
-                allocations.append((array, allocation))
-            return array
+            return alloc
 
+        alloc, cache_alloc = allocator(False), allocator(True)
         cached = set(job.args.get(ARG_CACHE) or ()) if self.cache is not None else set()
         item_alloc = (lambda item: cache_alloc if item in cached else alloc) if cached else None
 
@@ -336,8 +335,7 @@ class Worker:
 
     def _free(self, allocations) -> None:
         for _, allocation in allocations:
-            writer = self.cache if self.cache is not None and allocation.ring == self.cache.ring else self.ring
-            writer.release(allocation.offset, allocation.seq)
+            self._writer(allocation.ring).release(allocation.offset, allocation.seq)
         allocations.clear()
 
     def close(self) -> None:
