@@ -49,6 +49,7 @@ from mmworker.common.resize import resize_image, vertical_coefficients
 from mmworker.common.video import Source, VideoInfo, decode_each, probe
 from mmworker.errors import MmError
 from mmworker.pipeline import Allocator, numpy_allocator, spec_mapping
+from mmworker.qwen_vl.mrope import ROPE_MODEL_TYPES, SPLIT_VIDEO_MODEL_TYPES, TIMED_MODEL_TYPES
 from mmworker.qwen_vl.patchify import normalisation, patchify_frames_into
 from mmworker.qwen_vl.sizing import smart_resize
 from mmworker.qwen_vl.spec import NAMED_SPECS, QwenSpec
@@ -92,15 +93,12 @@ QWEN3_VIDEO_MAX_PIXELS = 25165824
 # what SGLang hands Qwen2.5-VL's processor: second_per_grid_ts = temporal_patch_size / 24.
 HF_DEFAULT_FPS = 24
 
-# SGLang's hf_config.model_type -> which processors it runs.
+# SGLang's hf_config.model_type -> which processors it runs (the model types mrope groups them into).
 MODEL_TYPES = {
-    "qwen2_vl": "qwen2",
-    "qwen2_5_vl": "qwen2_5",
-    "qwen3_vl": "qwen3",
-    "qwen3_vl_moe": "qwen3",
-    "qwen3_5": "qwen3",
-    "qwen3_5_moe": "qwen3",
-}
+    model_type: "qwen3" if model_type in SPLIT_VIDEO_MODEL_TYPES else "qwen2_5" if model_type in TIMED_MODEL_TYPES
+    else "qwen2"
+    for model_type in ROPE_MODEL_TYPES
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
