@@ -103,13 +103,15 @@ def process(
     fetch: Callable = fetch_bytes,
     known: Mapping[int, KnownItem] | None = None,
     item_alloc: Callable[[int], Allocator] | None = None,
+    hashes: Mapping[int, int] | None = None,
 ) -> Output:
     """Run one request through `family`; see the module docstring for the steps and the error rule.
 
     `alloc(shape, dtype)` supplies each feature buffer (shared memory in a pool worker), or
     `item_alloc(index)` the allocator for item `index` (a pool worker puts the features it caches
     elsewhere); on error, whatever they handed out belongs to the caller to reclaim. `known`: the
-    items computed before, by index (their sources are placeholders, never read).
+    items computed before, by index (their sources are placeholders, never read). `hashes`: content
+    hashes computed already, by index (a pool's client hashed those bytes to key its cache).
     """
     images = request.images
     if not images:
@@ -126,7 +128,7 @@ def process(
             continue
         item_allocator = alloc if item_alloc is None else item_alloc(index)
         try:
-            digest = content_hash(data)
+            digest = hashes[index] if hashes and index in hashes else content_hash(data)
             processed = with_image(data, lambda image: family.process_item(image, item_allocator))  # noqa: B023
         except MmError as exc:
             raise MmError(f"image {index}: {exc}") from exc

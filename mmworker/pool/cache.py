@@ -52,7 +52,7 @@ from ipc.segment import Segment
 from ipc.wire import Done, Release
 from mmworker.pipeline import Grid
 from mmworker.pool import naming
-from mmworker.pool.protocol import ARG_CACHE, ARG_KNOWN, KIND_BYTES, cache_heap
+from mmworker.pool.protocol import ARG_CACHE, ARG_HASHES, ARG_KNOWN, KIND_BYTES, cache_heap
 
 if TYPE_CHECKING:
     from mmworker.pool.inflight import Request
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mmworker.pool")
 
 KEY_BYTES = 16
+FINGERPRINT_BYTES = 8
 # Releases per inbox record, as for ring releases (mmworker.pool.slots).
 EVICTIONS_PER_RECORD = 1024
 _TAG_BYTES, _TAG_TEXT, _TAG_CALLER = b"b", b"s", b"c"
@@ -158,7 +159,12 @@ class Plan:
 
     def job_args(self) -> dict[str, Any]:
         known = [[i, e.grid.t, e.grid.h, e.grid.w, e.hash] for i, e in self.hits.items()]
-        return {ARG_KNOWN: known, ARG_CACHE: sorted(self.produce)}
+        # A key of raw bytes holds their blake3 digest, whose first 8 bytes are the content hash
+        # (mmworker.common.hashing): the worker need not hash those bytes again.
+        tag = FINGERPRINT_BYTES  # keys are fingerprint + tag + digest
+        hashes = [[i, int.from_bytes(key[tag + 1 : tag + 9], "big")] for i, key in enumerate(self.keys)
+                  if i not in self.hits and key[tag : tag + 1] == _TAG_BYTES]  # fmt: skip
+        return {ARG_KNOWN: known, ARG_CACHE: sorted(self.produce), ARG_HASHES: hashes}
 
 
 ADMIT_RUN, ADMIT_WAIT, ADMIT_HIT = "run", "wait", "hit"
@@ -171,7 +177,7 @@ class FeatureCache:
                  trust_content_hashes: bool) -> None:  # fmt: skip
         self._res = resources
         self._trust = trust_content_hashes
-        self.fingerprint = blake3(json.dumps(spec, sort_keys=True).encode(), max_threads=1).digest(8)
+        self.fingerprint = blake3(json.dumps(spec, sort_keys=True).encode(), max_threads=1).digest(FINGERPRINT_BYTES)
         self._share = (cache_mib << 20) // max(1, workers) // ALIGN * ALIGN
         self._workers = workers
         self.partitions: list[Partition] = []

@@ -17,7 +17,8 @@ KIND_BYTES = "b"  # raw encoded bytes (as submitted, or as the I/O process fetch
 KIND_STRING = "s"  # a data: URL or base64 string, decoded on the worker (pure CPU)
 # Job.args["known"]: [[item, t, h, w, hash], ...], items the client has cached (their frames are empty);
 # Job.args["cache"]: [item, ...], items whose features go into the worker's cache partition if they fit.
-ARG_KNOWN, ARG_CACHE = "known", "cache"
+# Job.args["hashes"]: [[item, hash], ...], content hashes the client computed already (keying the cache).
+ARG_KNOWN, ARG_CACHE, ARG_HASHES = "known", "cache", "hashes"
 
 
 _IO_PREFIXES = REMOTE_PREFIXES + LOCAL_PREFIXES

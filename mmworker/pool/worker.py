@@ -68,7 +68,7 @@ from mmworker.pipeline import Grid, MRope
 from mmworker.pool import naming
 from mmworker.pool.child import run_child
 from mmworker.pool.cpu_budget import CpuBudget
-from mmworker.pool.protocol import ARG_CACHE, ARG_KNOWN, KIND_BYTES, REQUEST_RING
+from mmworker.pool.protocol import ARG_CACHE, ARG_HASHES, ARG_KNOWN, KIND_BYTES, REQUEST_RING
 from mmworker.registry import pipeline_from_spec
 
 log = logging.getLogger("mmworker.worker")
@@ -306,7 +306,9 @@ class Worker:
             for kind, buffer in zip(kinds, buffers[1:], strict=True)
         ]
         known = _known(job.args.get(ARG_KNOWN), len(sources))
-        out = process(self.family, MmInput(ids, sources), alloc=alloc, item_alloc=item_alloc, known=known)
+        hashes = {int(item): int(value) for item, value in job.args.get(ARG_HASHES) or ()}
+        out = process(self.family, MmInput(ids, sources), alloc=alloc, item_alloc=item_alloc, known=known,
+                      hashes=hashes)  # fmt: skip
         tensors = {naming.INPUT_IDS: self._store(out.input_ids, alloc, allocations)}
         meta: dict = {naming.OFFSETS: [list(o) for o in out.offsets], naming.HASHES: [i.hash for i in out.items],
                       naming.GRIDS: [[i.geometry.t, i.geometry.h, i.geometry.w] for i in out.items]}  # fmt: skip
