@@ -148,18 +148,16 @@ def child_sglang(path: Path, warm: Path, model: str, digest: bool) -> dict:
     data = path.read_bytes()
     rss_warm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     split.update(decode=0.0, resize=0.0)
+    pixels, timed = _timed(run, data)
+    return {**timed, "split": split, "rss_warm": rss_warm, "pixels": _digest(pixels) if digest else None}
+
+
+def _timed(call, *args):
+    """(call(*args), its CPU, kernel and wall seconds)."""
     c, w, kernel = time.process_time(), time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
-    pixels = run(data)
+    result = call(*args)
     cpu, wall = time.process_time() - c, time.perf_counter() - w
-    kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - kernel
-    return {
-        "cpu": cpu,
-        "kernel": kernel,
-        "wall": wall,
-        "split": split,
-        "rss_warm": rss_warm,
-        "pixels": _digest(pixels) if digest else None,
-    }
+    return result, {"cpu": cpu, "kernel": resource.getrusage(resource.RUSAGE_SELF).ru_stime - kernel, "wall": wall}
 
 
 def child_mmworker(path: Path, warm: Path, model: str, digest: bool) -> dict:
@@ -209,21 +207,11 @@ def child_mmworker(path: Path, warm: Path, model: str, digest: bool) -> dict:
     rss_warm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     split.update(decode=0.0, resize=0.0, patchify=0.0)
     inside.update(callback=0.0, patchify=0.0)
-    c, w, kernel = time.process_time(), time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
-    features = qv.preprocess_video(data, model, model)
-    cpu, wall = time.process_time() - c, time.perf_counter() - w
-    kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - kernel
+    features, timed = _timed(qv.preprocess_video, data, model, model)
     split["decode"] -= inside["callback"]
     split["resize"] = inside["callback"] - inside["patchify"]
     pixels = features.pixel_values_videos
-    return {
-        "cpu": cpu,
-        "kernel": kernel,
-        "wall": wall,
-        "split": split,
-        "rss_warm": rss_warm,
-        "pixels": _digest(pixels) if digest else None,
-    }
+    return {**timed, "split": split, "rss_warm": rss_warm, "pixels": _digest(pixels) if digest else None}
 
 
 def child_main(argv: list[str]) -> None:
