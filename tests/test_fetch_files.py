@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, ByteBudget
+from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, MAX_VIDEO_FETCH_BYTES, ByteBudget
 from mmworker.common.fetch import fetch_bytes, read_bounded
+from mmworker.common.policy import MediaPolicy
 from mmworker.errors import MmError
 
 
@@ -188,6 +189,73 @@ def test_regular_file_exactly_at_the_cap_is_read_and_one_byte_more_is_not(tmp_pa
     ):
         fetch_bytes(str(path), budget)
     assert budget.used == 0
+
+
+# --- a per-stream cap other than 64 MiB (videos: MAX_VIDEO_FETCH_BYTES) ----------------------------------
+_BIG_CAP = MAX_FETCH_BYTES + (1 << 20)  # above 64 MiB, yet a test reads no more than 65 MiB
+
+
+def test_a_larger_cap_admits_a_file_over_64_mib_and_refuses_one_byte_past_itself(tmp_path):
+    path = tmp_path / "video.sparse"
+    with open(path, "wb") as f:
+        f.truncate(_BIG_CAP)  # sparse, and exactly at the cap: the cap's own size is allowed
+    budget = ByteBudget()
+    with _no_fd_leak():
+        assert len(fetch_bytes(str(path), budget, cap=_BIG_CAP)) == _BIG_CAP
+    assert budget.used == _BIG_CAP
+    os.truncate(path, _BIG_CAP + 1)
+    budget = ByteBudget()
+    with (
+        _no_fd_leak(),
+        pytest.raises(MmError, match=rf"^media fetch: file://{re.escape(str(path))}: exceeds {_BIG_CAP} bytes$"),
+    ):
+        read_bounded(str(path), budget, what=f"file://{path}", cap=_BIG_CAP)
+    assert budget.used == 0
+    # The same file without the keyword meets the 64 MiB cap.
+    with pytest.raises(MmError, match=rf"exceeds {MAX_FETCH_BYTES} bytes$"):
+        fetch_bytes(f"file://{path}", ByteBudget())
+
+
+def test_the_cap_reaches_the_read_under_a_media_policy(tmp_path):
+    # With a policy the path is resolved first and read with O_NOFOLLOW: the cap must survive that route.
+    path = tmp_path / "clip"
+    path.write_bytes(os.urandom(3000))
+    policy = MediaPolicy(allowed_local_roots=(str(tmp_path),))
+    assert len(fetch_bytes(str(path), ByteBudget(), policy=policy, cap=3000)) == 3000
+    with pytest.raises(MmError, match=rf"^media fetch: {re.escape(str(path))}: exceeds 2999 bytes$"):
+        fetch_bytes(str(path), ByteBudget(), policy=policy, cap=2999)
+
+
+def test_dev_zero_runs_into_the_callers_cap_and_the_fresh_budget_is_the_cap():
+    cap = CHUNK_BYTES * 3 + 17  # not a whole number of chunks: the last read is cut to the cap + 1
+    with _no_fd_leak(), pytest.raises(MmError, match=rf"^media fetch: /dev/zero: exceeds {cap} bytes$"):
+        fetch_bytes("/dev/zero", ByteBudget(), cap=cap)
+    # No budget given: a fresh one of `cap` bytes runs out at the same byte; the cap message wins.
+    with pytest.raises(MmError, match=rf"^media fetch: /dev/zero: exceeds {cap} bytes$"):
+        fetch_bytes("/dev/zero", cap=cap)
+
+
+def test_the_budget_still_wins_where_it_is_smaller_than_the_cap(tmp_path):
+    path = tmp_path / "video.sparse"
+    with open(path, "wb") as f:
+        f.truncate(MAX_FETCH_BYTES + (512 << 10))
+    budget = ByteBudget(MAX_FETCH_BYTES)  # what is left of the request: less than this video
+    with _no_fd_leak(), pytest.raises(MmError) as exc:
+        fetch_bytes(str(path), budget, cap=MAX_VIDEO_FETCH_BYTES)
+    assert str(exc.value) == f"media fetch: {path}: exceeds the request media byte budget"
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1 << 63, True, 2.5, "64"])
+def test_a_cap_that_bounds_nothing_is_refused(tmp_path, cap):
+    path = tmp_path / "x"
+    path.write_bytes(b"x")
+    with _no_fd_leak():
+        for call in (lambda: fetch_bytes(str(path), cap=cap), lambda: read_bounded(str(path), ByteBudget(), cap=cap)):
+            with pytest.raises(
+                MmError, match=rf"byte cap must be an int from 1 to 2\*\*63 - 1, got {re.escape(repr(cap))}$"
+            ):
+                call()
 
 
 def test_budget_exhaustion_mid_file(tmp_path):

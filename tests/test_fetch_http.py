@@ -14,9 +14,9 @@ import pytest
 from httpserver import ForwardProxy, MediaServer, RunningServer, SilentListener, gzip_of_zeros, pattern
 from processes import open_fds
 
-from mmworker.common.budget import MAX_FETCH_BYTES, ByteBudget
+from mmworker.common.budget import MAX_FETCH_BYTES, MAX_VIDEO_FETCH_BYTES, ByteBudget
 from mmworker.common.fetch import fetch_bytes
-from mmworker.common.http import _BodySink, proxy_for, timeout_from_env
+from mmworker.common.http import _BodySink, http_get, proxy_for, timeout_from_env
 from mmworker.errors import MmError
 
 _PROXY_VARS = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
@@ -253,6 +253,55 @@ def test_default_budget_is_64_mib(server):
     assert len(_fetch(server, server.url(f"/bytes/{3 << 20}"))) == 3 << 20
 
 
+# --- a per-stream cap other than 64 MiB (videos: MAX_VIDEO_FETCH_BYTES) ----------------------------------
+_BIG_CAP = MAX_FETCH_BYTES + (1 << 20)  # above 64 MiB, yet a test downloads no more than 65 MiB
+
+
+def test_a_larger_cap_admits_a_streamed_body_over_64_mib(server):
+    n = MAX_FETCH_BYTES + (512 << 10)
+    budget = ByteBudget()
+    body = _fetch(server, server.url(f"/chunked/{n}"), budget, cap=_BIG_CAP)
+    assert len(body) == n and budget.used == n
+    assert body[-4096:] == pattern(n)[-4096:]
+
+
+@pytest.mark.parametrize("route", ["bytes", "chunked"])
+def test_a_larger_cap_refuses_one_byte_past_itself_naming_its_number(server, route):
+    # /bytes: the declared length is refused (MAXFILESIZE); /chunked: the write callback stops it.
+    url = server.url(f"/{route}/{_BIG_CAP + 1}")
+    budget = ByteBudget()
+    with pytest.raises(MmError) as exc:
+        _fetch(server, url, budget, cap=_BIG_CAP)
+    assert str(exc.value) == f"media fetch: {url}: exceeds {_BIG_CAP} bytes"
+    assert budget.used == 0
+
+
+@pytest.mark.parametrize("route", ["bytes", "chunked", "gzip"])
+def test_a_small_cap_is_exact_on_every_body_kind(server, route):
+    # Declared length, streamed body and decoded gzip each meet the caller's cap, not 64 MiB.
+    assert _fetch(server, server.url(f"/{route}/1000"), ByteBudget(), cap=1000) == pattern(1000)
+    url = server.url(f"/{route}/1000")
+    with pytest.raises(MmError, match=rf"^media fetch: {re.escape(url)}: exceeds 999 bytes$"):
+        _fetch(server, url, ByteBudget(), cap=999)
+
+
+def test_http_get_takes_the_cap_and_the_budget_still_wins_where_smaller(server):
+    url = server.url(f"/chunked/{2 << 20}")
+    budget = ByteBudget(1 << 20)  # what is left of the request: less than this video
+    with pytest.raises(MmError) as exc:
+        http_get(url, budget, 5, cap=MAX_VIDEO_FETCH_BYTES)
+    assert str(exc.value) == f"media fetch: {url}: exceeds the request media byte budget"
+    assert budget.used == 0
+    assert http_get(server.url("/bytes/10"), ByteBudget(), 5, cap=10) == pattern(10)
+
+
+@pytest.mark.parametrize("cap", [0, -5, 1 << 63, False])
+def test_a_cap_that_bounds_nothing_is_refused_before_any_request(server, cap):
+    with pytest.raises(MmError, match=rf"byte cap must be an int from 1 to 2\*\*63 - 1, got {re.escape(repr(cap))}$"):
+        _fetch(server, server.url("/bytes/10"), cap=cap)
+    assert server.server.received == []
+
+
 def test_connection_refused(server):
     listener = SilentListener()
     port = listener.port
@@ -351,6 +400,16 @@ def test_sink_stops_one_byte_past_the_cap():
     assert budget.used == MAX_FETCH_BYTES
     assert sink.write(b"x") == 0
     assert sink.failure == "cap"
+    sink.discard()
+    assert budget.used == 0
+
+
+def test_sink_stops_one_byte_past_its_own_cap():
+    budget = ByteBudget()
+    sink = _BodySink(budget, cap=10)
+    assert sink.write(b"0123456789") is None
+    assert sink.write(b"x") == 0
+    assert sink.failure == "cap" and sink.cap == 10
     sink.discard()
     assert budget.used == 0
 

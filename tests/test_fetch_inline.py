@@ -185,11 +185,23 @@ def test_failed_decode_returns_the_whole_reservation():
 
 
 def test_default_budget_is_64_mib_for_base64():
-    assert fetch_bytes.__kwdefaults__ == {"timeout": None, "policy": None}
+    assert fetch_bytes.__kwdefaults__ == {"timeout": None, "policy": None, "cap": MAX_FETCH_BYTES}
     # The estimate alone decides, so no 64 MiB string of valid base64 is needed to hit the cap.
     oversized = "A" * ((MAX_FETCH_BYTES // 3 + 1) * 4)
     with pytest.raises(MmError, match=r"decoded size 67108866 bytes, 67108864 bytes remaining"):
         fetch_bytes(oversized)
+
+
+def test_a_cap_sizes_the_fresh_budget_but_never_bounds_inline_media_under_a_given_budget():
+    b64 = base64.b64encode(bytes(30)).decode()
+    # No budget: a fresh one of `cap` bytes, so the cap bounds the payload through the budget.
+    assert fetch_bytes(b64, cap=30) == bytes(30)
+    with pytest.raises(MmError, match=r"decoded size 30 bytes, 29 bytes remaining\)$"):
+        fetch_bytes(f"data:video/mp4;base64,{b64}", cap=29)
+    # The request's budget given: inline payloads are bounded by it alone, as upstream (no stream cap).
+    budget = ByteBudget(30)
+    assert fetch_bytes(b64, budget, cap=10) == bytes(30)
+    assert budget.used == 30
 
 
 def test_base64_decode_is_re_exported_from_fetch():

@@ -15,9 +15,27 @@ MAX_REQUEST_BYTES = 1280 << 20
 # above any real image yet bounds what one slow or hostile source can make us buffer.
 MAX_FETCH_BYTES = 64 << 20
 
+# Bytes per fetched video stream, used instead of MAX_FETCH_BYTES by callers that fetch a video (a
+# keyword `cap` on fetch_bytes, read_bounded and http_get; a per-source "caps" in the I/O process's
+# jobs). Equal to the decoder's own input limit (mmworker.common.video.MAX_VIDEO_BYTES is this
+# constant): a bigger stream would be refused after the download anyway, so stop it while it arrives.
+# Defined here, not in video.py, so that fetching never imports the optional PyAV extra.
+MAX_VIDEO_FETCH_BYTES = 1 << 30
+
 # Bounded reads claim this much from the budget before each read and give back what was not used:
 # big enough that syscalls are cheap, small enough that an over-claim never matters.
 CHUNK_BYTES = 256 << 10
+
+
+def check_cap(cap: int) -> int:
+    """`cap` when it can bound one stream (an int of bytes, 1 to 2**63 - 1); otherwise an MmError naming it.
+
+    Zero is refused: it would pass nothing, and libcurl reads a zero MAXFILESIZE as "no limit". The top
+    is libcurl's (a signed 64-bit curl_off_t); pycurl would raise OverflowError past it.
+    """
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 0 < cap < 1 << 63:
+        raise MmError(f"media fetch: the per-stream byte cap must be an int from 1 to 2**63 - 1, got {cap!r}")
+    return cap
 
 
 class ByteBudget:

@@ -3,8 +3,8 @@
 Each call builds one Curl handle and closes it before returning; there is no pool, no module-level
 mutable state and no thread. The body is streamed through a write callback that charges every decoded
 chunk to the request's ByteBudget and stops the transfer (by returning a short count) as soon as the
-body passes MAX_FETCH_BYTES or the budget; the matching MmError is raised after ``perform`` returns,
-chained to libcurl's error.
+body passes the per-stream cap (MAX_FETCH_BYTES unless the caller passes `cap`) or the budget; the
+matching MmError is raised after ``perform`` returns, chained to libcurl's error.
 
 Upstream (ureq 2) behaviour kept: GET only, gzip accepted, redirects followed up to 5, status >= 400 is
 an error naming the code, ``REQUEST_TIMEOUT`` seconds (default 3) bound the whole call, proxies from
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import pycurl
 
-from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, ByteBudget
+from mmworker.common.budget import CHUNK_BYTES, MAX_FETCH_BYTES, ByteBudget, check_cap
 from mmworker.common.noproxy import no_proxy_from_env, no_proxy_matches
 from mmworker.common.policy import HTTP_SCHEMES, MAX_REDIRECTS, MediaPolicy
 from mmworker.errors import MmError
@@ -81,18 +81,20 @@ def proxy_for(url: str, environ: Mapping[str, str] | None = None) -> str:
     return ""
 
 
-def http_get(url: str, budget: ByteBudget, timeout_s: float, policy: MediaPolicy | None = None) -> bytes:
-    """GET `url` and return the decoded body, charging it to `budget` and capping it at MAX_FETCH_BYTES.
+def http_get(
+    url: str, budget: ByteBudget, timeout_s: float, policy: MediaPolicy | None = None, *, cap: int = MAX_FETCH_BYTES
+) -> bytes:
+    """GET `url` and return the decoded body, charging it to `budget` and capping it at `cap` bytes.
 
     On failure nothing stays claimed from `budget`. Errors (all MmError):
     status >= 400 → "media fetch: GET {url}: {final url}: status code {code}" (ureq 2's wording);
     timeout → "media fetch: GET {url}: timed out after {t} s ({curl message})";
-    body too large → "media fetch: {url}: exceeds 67108864 bytes";
+    body too large → "media fetch: {url}: exceeds {cap} bytes" (67108864 by default);
     budget exhausted → "media fetch: {url}: exceeds the request media byte budget";
     anything else → "media fetch: GET {url}: {curl message} (curl error {code})";
     refused by `policy` → "media fetch: GET {url}: {why}" (or the policy's own message for the first URL).
     """
-    transfer = Transfer(url, budget, timeout_s, policy)
+    transfer = Transfer(url, budget, timeout_s, policy, cap=cap)
     try:
         transfer.curl.perform()
     except pycurl.error as err:
@@ -110,7 +112,16 @@ class Transfer:
     once (or `abandon`), which closes the handle and turns the outcome into bytes or an MmError.
     """
 
-    def __init__(self, url: str, budget: ByteBudget, timeout_s: float, policy: MediaPolicy | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        budget: ByteBudget,
+        timeout_s: float,
+        policy: MediaPolicy | None = None,
+        *,
+        cap: int = MAX_FETCH_BYTES,
+    ) -> None:
+        check_cap(cap)
         if not timeout_s >= 0:  # also rejects NaN
             raise MmError(f"media fetch: timeout must be a non-negative number of seconds, got {timeout_s}")
         if policy is not None:
@@ -118,7 +129,7 @@ class Transfer:
         self.url = url
         self.policy = policy
         self.refused: str | None = None  # why the policy stopped a connection, if it did
-        self.sink = _BodySink(budget)
+        self.sink = _BodySink(budget, cap)
         self.timeout_ms = min(max(round(timeout_s * 1000), _MIN_TIMEOUT_MS), _MAX_TIMEOUT_MS)
         self.proxy = proxy_for(url)
         curl = pycurl.Curl()
@@ -142,7 +153,7 @@ class Transfer:
             curl.setopt(pycurl.FAILONERROR, 1)
             # A declared Content-Length above the cap is refused before the body is read (libcurl >= 8.4
             # also applies it to the bytes received; the sink's own check covers older libcurl).
-            curl.setopt(pycurl.MAXFILESIZE_LARGE, MAX_FETCH_BYTES)
+            curl.setopt(pycurl.MAXFILESIZE_LARGE, cap)
             curl.setopt(pycurl.BUFFERSIZE, CHUNK_BYTES)  # fewer, larger Python callbacks than the 16 KiB default
             curl.setopt(pycurl.WRITEFUNCTION, self.sink.write)
         except BaseException:
@@ -221,12 +232,13 @@ class _BodySink:
     stopped and returns 0, which makes libcurl abort with CURLE_WRITE_ERROR.
     """
 
-    __slots__ = ("_budget", "_buf", "_claimed", "failure", "unexpected")
+    __slots__ = ("_budget", "_buf", "_claimed", "cap", "failure", "unexpected")
 
-    def __init__(self, budget: ByteBudget) -> None:
+    def __init__(self, budget: ByteBudget, cap: int = MAX_FETCH_BYTES) -> None:
         self._budget = budget
+        self.cap = cap  # bytes this one body may have (the error message names it)
         # BytesIO.getvalue() hands over its buffer without a copy when nothing else holds it, so a
-        # 64 MiB body peaks near 64 MiB rather than twice that with a list of chunks plus join().
+        # body of `cap` bytes peaks near `cap` rather than twice that with a list of chunks plus join().
         self._buf = io.BytesIO()
         self._claimed = 0
         self.failure: str | None = None  # "cap" or "budget"
@@ -236,7 +248,7 @@ class _BodySink:
         try:
             n = len(chunk)
             # The body is decoded (gzip) before it gets here, so the caps apply to what we keep.
-            if self._claimed + n > MAX_FETCH_BYTES:
+            if self._claimed + n > self.cap:
                 self.failure = "cap"
                 return 0
             if not self._budget.claim(n):
@@ -270,7 +282,7 @@ def _transfer_error(url: str, curl: pycurl.Curl, err: pycurl.error, sink: _BodyS
     if sink.unexpected is not None:
         return sink.unexpected
     if sink.failure == "cap" or code == pycurl.E_FILESIZE_EXCEEDED:
-        return MmError(f"media fetch: {url}: exceeds {MAX_FETCH_BYTES} bytes")
+        return MmError(f"media fetch: {url}: exceeds {sink.cap} bytes")
     if sink.failure == "budget":
         return MmError(f"media fetch: {url}: exceeds the request media byte budget")
     if code == pycurl.E_HTTP_RETURNED_ERROR:

@@ -67,6 +67,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from mmworker.common.budget import MAX_VIDEO_FETCH_BYTES
 from mmworker.errors import MmError, UnsupportedInput, UsageError
 
 try:
@@ -78,8 +79,9 @@ except ImportError:  # the `video` extra is not installed
 
 # --- Budgets: what one video may cost before anything of it is decoded. -------------------------------
 # Bytes of one encoded video. Below the request's own budget (1.25 GiB, mmworker.common.budget) so that a
-# video and a few images still fit in one request; 30 minutes of 1080p at 4.5 Mbit/s is ~1 GB.
-MAX_VIDEO_BYTES = 1 << 30
+# video and a few images still fit in one request; 30 minutes of 1080p at 4.5 Mbit/s is ~1 GB. The same
+# constant caps a video's fetched stream (mmworker.common.budget, where it lives so fetching needs no PyAV).
+MAX_VIDEO_BYTES = MAX_VIDEO_FETCH_BYTES
 # Seconds of video. Decoding is sequential, so its cost grows with the video's length, not with the
 # number of frames sampled: an hour of 1080p H.264 is ~4 minutes of one core here (the pool's per-job CPU
 # budget stops it sooner). SGLang's sampling never takes more than 768 frames whatever the length.

@@ -7,14 +7,21 @@ once up to a global cap (`io_concurrency`), so a request's images download concu
 host or a hung mount never occupies a CPU worker. It serves until the pool ends it (SIGTERM) or
 its parent dies.
 
-    C -> IO  Job(rid, args={"sources": [...], "budget": bytes allowed for these sources})
+    C -> IO  Job(rid, args={"sources": [str, ...], "indices": [int, ...], "budget": int,
+                            "caps": [int, ...]})    ("caps" optional)
     IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason, kind)
+
+"indices" gives each source's index among the request's items (for messages), "budget" the bytes
+these sources may pull in together, "caps" each source's per-stream byte cap (absent or null: every
+source MAX_FETCH_BYTES; a video's is MAX_VIDEO_FETCH_BYTES). A job of another shape (a list not as
+long as "sources", an entry of another type, a negative budget, a cap outside 1 .. 2**63 - 1) is
+answered Failed(rid, "malformed I/O job", kind "internal") and nothing of it is fetched.
 
 Every URL and path passes the pool's media policy (mmworker.common.policy: schemes, domains,
 resolved addresses on every connection, local roots). Each request's sources share one ByteBudget
-(what the client could not already charge to raw bytes), each stream has the 64 MiB cap,
-REQUEST_TIMEOUT bounds each transfer (all inside mmworker.common.http / fetch). If several sources
-fail, the lowest index is reported, as the inline driver would.
+(what the client could not already charge to raw bytes), each stream has its cap, REQUEST_TIMEOUT
+bounds each transfer (all inside mmworker.common.http / fetch). If several sources fail, the lowest
+index is reported, as the inline driver would.
 """
 
 import collections
@@ -27,7 +34,7 @@ import zmq
 
 from ipc.channels import Dealer, new_context
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job
-from mmworker.common.budget import ByteBudget
+from mmworker.common.budget import MAX_FETCH_BYTES, ByteBudget, check_cap
 from mmworker.common.fetch import REMOTE_PREFIXES, fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
 from mmworker.common.policy import MediaPolicy
@@ -39,12 +46,13 @@ log = logging.getLogger("mmworker.io")
 
 
 class _Request:
-    __slots__ = ("budget", "errors", "indices", "pending", "results", "rid")
+    __slots__ = ("budget", "caps", "errors", "indices", "pending", "results", "rid")
 
-    def __init__(self, rid: int, indices: list[int], budget: int) -> None:
+    def __init__(self, rid: int, indices: list[int], budget: int, caps: list[int]) -> None:
         n = len(indices)
         self.rid = rid
         self.indices = indices  # each source's index among the request's images, for messages
+        self.caps = caps  # each source's per-stream byte cap
         self.budget = ByteBudget(budget)
         self.results: list[bytes | None] = [None] * n
         self.errors: dict[int, MmError] = {}
@@ -89,6 +97,7 @@ class IoStage:
             sources = message.args.get("sources") or []
             indices = message.args.get("indices") or []
             budget = message.args.get("budget", 0)
+            caps = message.args.get("caps")  # absent (or null): every source has the default cap
             if (
                 not isinstance(sources, list)
                 or not all(isinstance(s, str) for s in sources)
@@ -96,10 +105,12 @@ class IoStage:
                 or len(indices) != len(sources)
                 or not all(isinstance(i, int) for i in indices)
                 or not isinstance(budget, int)
+                or budget < 0  # ByteBudget would raise here, ending this process
+                or not (caps is None or _valid_caps(caps, len(sources)))
             ):
                 self.channel.send(Failed(message.rid, "malformed I/O job", kind=Outcome.INTERNAL.value))
                 return
-            request = _Request(message.rid, indices, budget)
+            request = _Request(message.rid, indices, budget, caps or [MAX_FETCH_BYTES] * len(sources))
             for index, source in enumerate(sources):
                 if source.startswith(REMOTE_PREFIXES):  # downloads run concurrently; files are read now
                     self.waiting.append((request, index, source))
@@ -110,7 +121,7 @@ class IoStage:
     def _resolve_now(self, request: _Request, index: int, source: str) -> None:
         # Local files: a blocking read here, never on a CPU worker (bounded by the budget and the cap).
         try:
-            request.results[index] = fetch_bytes(source, request.budget, policy=self.policy)
+            request.results[index] = fetch_bytes(source, request.budget, policy=self.policy, cap=request.caps[index])
         except MmError as exc:
             request.errors[index] = exc
         request.pending -= 1
@@ -123,7 +134,7 @@ class IoStage:
                 self._finish_if_done(request)
                 continue
             try:
-                transfer = Transfer(url, request.budget, self.timeout_s, self.policy)
+                transfer = Transfer(url, request.budget, self.timeout_s, self.policy, cap=request.caps[index])
             except MmError as exc:
                 request.errors[index] = exc
                 request.pending -= 1
@@ -171,6 +182,18 @@ class IoStage:
         self.multi.close()
         self.channel.close()
         self.context.term()
+
+
+def _valid_caps(caps: object, n: int) -> bool:
+    """Whether a job's "caps" gives each of its `n` sources a cap the fetch accepts (check_cap)."""
+    if not isinstance(caps, list) or len(caps) != n:
+        return False
+    try:
+        for cap in caps:
+            check_cap(cap)
+    except MmError:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
