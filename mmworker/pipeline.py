@@ -4,8 +4,9 @@ A family describes data and never runs a request (the crate's `MmFamilyProcessor
 
     capabilities()                                   -> Capabilities
     process_item(image, alloc)                       -> ProcessedItem(feature, aux, geometry)
+    process_video(data, alloc)                       -> ProcessedItem   (families whose capabilities say video)
     layout(input_ids, geometries)                    -> TokenLayout (segments)
-    positions(input_len, offsets, geometries)        -> Rope1D | MRope
+    positions(expanded_ids, offsets, geometries)     -> Rope1D | MRope
 
 `process_item` writes its feature into an array it gets from `alloc(shape, dtype)`: in process that
 is `np.empty`, in a pool worker it is a slice of shared memory, so the feature is computed straight
@@ -17,6 +18,11 @@ same item. The driver
 (mmworker.driver) owns control flow and the failure protocol; `apply_layout` here turns a layout
 into expanded ids and inclusive offsets with every coverage check the crate makes, so no family can
 produce an inconsistent request.
+
+A request's items are its images, then its videos, each in prompt order; the geometries a family's
+`layout` and `positions` get follow that order, a `Grid` per image and a `VideoGrid` per video (what
+the prompt needs of it beyond the grid: its timing). An item's placeholder tokens may lie in several
+runs (a Qwen3 video: one run per temporal patch, timestamp text between): `Explicit.runs`.
 """
 
 import json
@@ -51,10 +57,11 @@ def numpy_allocator(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """Modalities beyond images a family accepts, for callers to ask (MmInput carries images only)."""
+    """Modalities beyond images a family accepts (MmInput's `videos` need `video`), for callers to ask."""
 
     video: bool = False
     audio: bool = False
+    note: str = ""  # why a modality is missing (e.g. a spec key it needs), for messages
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,23 @@ class Grid:
     w: int
 
 
-Geometry = Grid
+@dataclass(frozen=True)
+class VideoGrid:
+    """Patch grid of one video (t temporal patches, h and w in patches) and its timing: Qwen2.5-VL's
+    seconds per temporal patch (`second_per_grid`), Qwen3's timestamp per temporal patch
+    (`timestamps`, seconds), each None where the family does not use it. Only families read it."""
+
+    t: int
+    h: int
+    w: int
+    second_per_grid: float | None = None
+    timestamps: tuple[float, ...] | None = None
+
+
+Geometry = Grid | VideoGrid
+
+# SGLang's Modality names of the two kinds of item a request carries (`MultimodalDataItem.modality`).
+IMAGE, VIDEO = "IMAGE", "VIDEO"
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,12 +109,17 @@ class Repeat:
     n: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Explicit:
-    """An explicit id list; only ids[content] is the item's span (wrappers like <img> stay outside)."""
+    """An explicit id list; only ids[content] is the item's span (wrappers like <img> stay outside).
 
-    ids: tuple[int, ...]
+    `runs`: where in ids[content] the item's placeholder tokens are, when they are not the whole span
+    (ascending, disjoint, non-empty ranges of `ids` inside `content`, the first starting at its start
+    and the last ending at its end); empty: one run, the whole span."""
+
+    ids: tuple[int, ...] | np.ndarray
     content: range
+    runs: tuple[range, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,6 +178,11 @@ class Family(Protocol):
         them is the placeholder `layout` expands (Qwen: vision start, image pad, vision end)."""
         ...
 
+    def video_prompt(self) -> tuple[int, ...]:
+        """The prompt tokens that stand for one video before expansion, as `image_prompt` for an image
+        (Qwen: vision start, video pad, vision end); only families whose capabilities say `video` have it."""
+        ...
+
     def token_ids(self) -> dict[str, int]:
         """The special token ids SGLang's processor output carries, under SGLang's names
         (`im_token_id`, `im_start_id`, `im_end_id`, `video_token_id`), those this spec knows: the
@@ -170,11 +203,18 @@ class Family(Protocol):
 
     def process_item(self, image: RgbImage | JpegRows, alloc: Allocator = numpy_allocator) -> ProcessedItem: ...
 
+    def process_video(self, data: bytes | memoryview, alloc: Allocator = numpy_allocator) -> ProcessedItem:
+        """One encoded video's item (geometry a VideoGrid); only families whose capabilities say
+        `video` have it (the driver asks them before it calls)."""
+        ...
+
     def layout(self, input_ids: np.ndarray, geometries: Sequence[Geometry]) -> TokenLayout: ...
 
     def positions(
-        self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Geometry]
-    ) -> Positions: ...
+        self, input_ids: np.ndarray, offsets: Sequence[tuple[int, int]], geometries: Sequence[Geometry]
+    ) -> Positions:
+        """Positions of the expanded prompt `input_ids`, given each item's inclusive span."""
+        ...
 
 
 def spec_mapping(spec: Mapping[str, Any] | str, named: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -199,15 +239,26 @@ def _range_text(r: range) -> str:
     return f"{r.start}..{r.stop}"  # Rust's Debug form of a Range, as in the crate's messages
 
 
+Run = tuple[int, int]  # inclusive (start, end) of placeholder tokens in the expanded ids
+
+
 def apply_layout(src: np.ndarray, layout: TokenLayout, n_items: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Expand `src` (int64 prompt ids) by `layout`; returns (expanded ids, inclusive offsets by item).
+    """Expand `src` (int64 prompt ids) by `layout`; returns (expanded ids, inclusive offsets by item):
+    each item's span, from its first placeholder token to its last (`apply_layout_runs` for its runs)."""
+    out, runs = apply_layout_runs(src, layout, n_items)
+    return out, [(item_runs[0][0], item_runs[-1][1]) for item_runs in runs]
+
+
+def apply_layout_runs(src: np.ndarray, layout: TokenLayout, n_items: int) -> tuple[np.ndarray, list[tuple[Run, ...]]]:
+    """Expand `src` (int64 prompt ids) by `layout`; returns (expanded ids, each item's placeholder runs).
 
     Every check of docs/behaviour.md §1.3 runs before anything is built: segments must tile the source
-    exactly and in order, each item must be placed once, and each expansion must be non-empty.
+    exactly and in order, each item must be placed once, each expansion must be non-empty, and an
+    Explicit pattern's runs must lie in order inside its content, which they must begin and end.
     """
     total = len(src)
     consumed = 0
-    spans: list[tuple[int, int] | None] = [None] * n_items
+    spans: list[tuple[Run, ...] | None] = [None] * n_items
     pieces: list[np.ndarray | tuple[int, int]] = []  # id arrays, or (id, n) runs
     out_len = 0
     for segment in layout:
@@ -232,18 +283,18 @@ def apply_layout(src: np.ndarray, layout: TokenLayout, n_items: int) -> tuple[np
         if isinstance(pattern, Repeat):
             if pattern.n <= 0:
                 raise MmError(f"layout: media item {item} expands to zero tokens")
-            spans[item] = (out_len, out_len + pattern.n - 1)
+            spans[item] = ((out_len, out_len + pattern.n - 1),)
             pieces.append((pattern.id, pattern.n))
             out_len += pattern.n
         else:
             ids, content = pattern.ids, pattern.content
-            if not ids:
+            if len(ids) == 0:
                 raise MmError(f"layout: media item {item} expands to zero tokens")
             if not (0 <= content.start < content.stop <= len(ids)):
                 raise MmError(
                     f"layout: media item {item} content range {_range_text(content)} outside its {len(ids)} token(s)"
                 )
-            spans[item] = (out_len + content.start, out_len + content.stop - 1)
+            spans[item] = tuple((out_len + r.start, out_len + r.stop - 1) for r in _checked_runs(item, pattern))
             pieces.append(np.asarray(ids, dtype=np.int64))
             out_len += len(ids)
     if consumed != total:
@@ -262,6 +313,18 @@ def apply_layout(src: np.ndarray, layout: TokenLayout, n_items: int) -> tuple[np
             out[pos : pos + len(piece)] = piece
             pos += len(piece)
     return out, spans  # type: ignore[return-value]  # every entry was checked above
+
+
+def _checked_runs(item: int, pattern: Explicit) -> tuple[range, ...]:
+    content, runs = pattern.content, pattern.runs or (pattern.content,)
+    at = content.start
+    for k, r in enumerate(runs):
+        if r.step != 1 or r.start < at or r.stop <= r.start or (k == 0 and r.start != at):
+            raise MmError(f"layout: media item {item} run {_range_text(r)} not in order inside {_range_text(content)}")
+        at = r.stop
+    if at != content.stop:
+        raise MmError(f"layout: media item {item} runs end at {at}, not at its content's end {content.stop}")
+    return runs
 
 
 def layout_by_placeholder(ids: np.ndarray, placeholder_id: int, counts: Sequence[int]) -> TokenLayout:

@@ -95,7 +95,11 @@ def test_smart_resize_parity_with_rust_extension(rust_ext):
 def test_named_specs_parse():
     for name in QWEN_SPECS:
         family = pipeline_from_spec(name)
-        assert family.capabilities().video is False and family.capabilities().audio is False
+        capabilities = family.capabilities()
+        assert capabilities.audio is False
+        # Qwen2/2.5 serve videos as bundled; Qwen3's need the tokenizer's timestamp table (not bundled).
+        assert capabilities.video is (name in ("qwen2_vl", "qwen2_5_vl")), name
+        assert capabilities.video or "timestamp_table" in capabilities.note
         assert family.spec == QwenSpec.from_mapping(named_spec(name))
     assert pipeline_from_spec("qwen2_vl").spec.feature_dim == 1176
     assert pipeline_from_spec("qwen3_5").spec.feature_dim == 1536 and pipeline_from_spec("qwen3_5").spec.factor == 32

@@ -143,7 +143,7 @@ def test_image_only_prompts_take_the_image_path():
     grids = [(1, 4, 6), (1, 2, 2)]
     layout = family.layout(src, [Grid(*g) for g in grids])
     ids, offsets = apply_layout(src, layout, 2)
-    mrope = family.positions(len(ids), offsets, [Grid(*g) for g in grids])
+    mrope = family.positions(ids, offsets, [Grid(*g) for g in grids])
     for model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         out = video_prompt(src, grids, [], VideoPromptRules.from_spec(spec, model_type, 2, TABLE))
         np.testing.assert_array_equal(out.input_ids, ids)

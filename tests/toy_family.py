@@ -80,5 +80,7 @@ class Toy:
         segments.append(Text(range(start, len(input_ids))))
         return tuple(segments)
 
-    def positions(self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]) -> Rope1D:
+    def positions(
+        self, input_ids: np.ndarray, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]
+    ) -> Rope1D:
         return Rope1D()

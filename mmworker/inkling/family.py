@@ -141,5 +141,7 @@ class Inkling:
     def layout(self, input_ids: np.ndarray, geometries: Sequence[Grid]) -> TokenLayout:
         return layout_by_placeholder(input_ids, self.spec.image_token_id, [g.h * g.w for g in geometries])
 
-    def positions(self, input_len: int, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]) -> Rope1D:
+    def positions(
+        self, input_ids: np.ndarray, offsets: Sequence[tuple[int, int]], geometries: Sequence[Grid]
+    ) -> Rope1D:
         return Rope1D()

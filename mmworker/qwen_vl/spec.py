@@ -15,6 +15,14 @@ the bytes, held as uint16 bf16 bits (numpy has no bfloat16). SGLang's Qwen visio
 pixel_values to their own dtype, bfloat16 for the released checkpoints, so the model sees the same
 input either way. It is a key of the spec, and nowhere else (no pool setting): the spec is what
 fixes a feature's bytes, what the pool hands its workers and what names a result.
+
+Three keys are for videos (mmworker.qwen_vl.video, .video_layout): `model_type`, SGLang's
+hf_config.model_type ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", their _moe variants), which
+picks the video processors and the M-RoPE time axis; `tokens_per_second` (Qwen2.5-VL's vision
+config: 2 in the released checkpoints); `timestamp_table` (Qwen3-VL/3.5: the ids of the timestamp
+text's pieces in the checkpoint's tokenizer, `video_layout.timestamp_token_table`: workers hold no
+tokenizer). A spec serves videos when it has what its model type needs (`video_problem` says what is
+missing otherwise) and the vision start, end and video token ids.
 """
 
 from collections.abc import Mapping
@@ -46,16 +54,23 @@ _QWEN3_5_TOKENS = {"image_token_id": 248056, "vision_start_token_id": 248053, "v
                    "video_token_id": 248057}  # fmt: skip
 
 
-def _checkpoint(tokens: dict, patch_size: int, min_pixels: int, max_pixels: int, mean: list, std: list) -> dict:
+def _checkpoint(tokens: dict, patch_size: int, min_pixels: int, max_pixels: int, mean: list, std: list,
+                **video: Any) -> dict:  # fmt: skip
     return {"family": "qwen_vl", **tokens, "patch_size": patch_size, "merge_size": 2, "temporal_patch_size": 2,
-            "min_pixels": min_pixels, "max_pixels": max_pixels, "image_mean": mean, "image_std": std}  # fmt: skip
+            "min_pixels": min_pixels, "max_pixels": max_pixels, "image_mean": mean, "image_std": std,
+            **video}  # fmt: skip
 
 
+# The Qwen3 specs have no `timestamp_table`: their tokenizers are not bundled (the SGLang plug-in builds
+# the table from the tokenizer SGLang loads; mmworker.qwen_vl.video_layout.timestamp_token_table).
+# Qwen2.5-VL's images are preprocessed as Qwen2-VL's; its videos' time axis counts tokens_per_second.
 NAMED_SPECS: dict[str, dict[str, Any]] = {
-    "qwen2_vl": _checkpoint(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),
-    "qwen2_5_vl": _checkpoint(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD),  # the same as Qwen2-VL's
-    "qwen3_vl": _checkpoint(_QWEN2_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
-    "qwen3_5": _checkpoint(_QWEN3_5_TOKENS, 16, 65536, 16777216, _HALF, _HALF),
+    "qwen2_vl": _checkpoint(_QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD, model_type="qwen2_vl"),
+    "qwen2_5_vl": _checkpoint(
+        _QWEN2_TOKENS, 14, 3136, 12845056, _CLIP_MEAN, _CLIP_STD, model_type="qwen2_5_vl", tokens_per_second=2
+    ),
+    "qwen3_vl": _checkpoint(_QWEN2_TOKENS, 16, 65536, 16777216, _HALF, _HALF, model_type="qwen3_vl"),
+    "qwen3_5": _checkpoint(_QWEN3_5_TOKENS, 16, 65536, 16777216, _HALF, _HALF, model_type="qwen3_5"),
 }
 
 
@@ -80,6 +95,10 @@ class QwenSpec:
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
     video_token_id: int | None = None
+    # Video keys (module docstring); None where the spec does not say.
+    model_type: str | None = None
+    tokens_per_second: float | None = None
+    timestamp_table: Mapping[str, tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.feature_dtype, str) or self.feature_dtype not in FEATURE_DTYPES:
@@ -159,7 +178,10 @@ class QwenSpec:
         token = integer("image_token_id")
         if token < 0:
             raise MmError(f"qwen_vl spec: `image_token_id` must be non-negative, got {token}")
-        optional = {}
+        optional: dict[str, Any] = {}
+        for name in ("model_type", "tokens_per_second", "timestamp_table"):
+            if spec.get(name) is not None:
+                optional[name] = spec[name]
         for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id"):
             if spec.get(name) is not None:
                 optional[name] = integer(name)
@@ -197,7 +219,18 @@ class QwenSpec:
             **({"pillow": self.pillow} if self.pillow is not None else {}),
             **{
                 name: getattr(self, name)
-                for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id")
+                for name in (
+                    "vision_start_token_id",
+                    "vision_end_token_id",
+                    "video_token_id",
+                    "model_type",
+                    "tokens_per_second",
+                )
                 if getattr(self, name) is not None
             },
+            **(
+                {"timestamp_table": {k: list(v) for k, v in self.timestamp_table.items()}}
+                if self.timestamp_table is not None
+                else {}
+            ),
         }

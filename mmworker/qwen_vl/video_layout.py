@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmworker.errors import MmError
+from mmworker.pipeline import Explicit, Media, Repeat, Segment, Text, TokenLayout, apply_layout_runs
 from mmworker.qwen_vl.mrope import (
     ROPE_MODEL_TYPES,
     SPLIT_VIDEO_MODEL_TYPES,
@@ -164,11 +165,15 @@ class VideoPromptRules:
     def from_spec(
         cls,
         spec: QwenSpec,
-        model_type: str,
+        model_type: str | None = None,
         tokens_per_second: float | None = None,
         timestamp_table: TimestampTable | None = None,
     ) -> "VideoPromptRules":
-        """The rules for a QwenSpec, which must name the vision start, end and video token ids."""
+        """The rules for a QwenSpec, which must name the vision start, end and video token ids; the
+        model type, tokens_per_second and timestamp table are the spec's unless given here."""
+        model_type = spec.model_type if model_type is None else model_type
+        if model_type is None:
+            raise MmError("video prompt: the spec names no `model_type`")
         missing = [name for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id")
                    if getattr(spec, name) is None]  # fmt: skip
         if missing:
@@ -180,8 +185,8 @@ class VideoPromptRules:
             video_token_id=spec.video_token_id,  # type: ignore[arg-type]  # checked above
             vision_start_token_id=spec.vision_start_token_id,  # type: ignore[arg-type]
             vision_end_token_id=spec.vision_end_token_id,  # type: ignore[arg-type]
-            tokens_per_second=tokens_per_second,
-            timestamp_table=timestamp_table,
+            tokens_per_second=spec.tokens_per_second if tokens_per_second is None else tokens_per_second,
+            timestamp_table=spec.timestamp_table if timestamp_table is None else timestamp_table,
         )
 
 
@@ -215,76 +220,105 @@ class VideoPrompt:
     delta: int
 
 
-def expand_prompt(
-    input_ids: np.ndarray | Sequence[int],
+def prompt_layout(
+    input_ids: np.ndarray,
     images: Sequence[tuple[int, int, int]],
     videos: Sequence[VideoItem],
     rules: VideoPromptRules,
-) -> tuple[np.ndarray, tuple[tuple[int, int], ...], tuple[tuple[tuple[int, int], ...], ...]]:
-    """(expanded ids int64, image offsets, video offsets) for a prompt holding one `<|image_pad|>` per
-    entry of `images` (grids (t, gh, gw)) and one `<|video_pad|>` per entry of `videos`, each list in
-    prompt order. Everything is checked before anything is built (docs/behaviour.md §15.2)."""
-    ids = np.asarray(input_ids)
+) -> TokenLayout:
+    """The layout (mmworker.pipeline) of a prompt holding one `<|image_pad|>` per entry of `images`
+    (grids (t, gh, gw)) and one `<|video_pad|>` per entry of `videos`, each list in prompt order:
+    items 0 .. len(images) - 1 are the images, the videos follow. Every placeholder and grid is
+    checked here (docs/behaviour.md §15.2); `apply_layout_runs` checks the coverage."""
+    ids = input_ids
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise MmError(f"video prompt: input_ids must be a 1-D integer sequence, got {ids.dtype} of shape {ids.shape}")
-    ids = ids.astype(np.int64, copy=False)
-    merge2 = rules.merge_size**2
     image_at = np.flatnonzero(ids == rules.image_token_id)
     video_at = np.flatnonzero(ids == rules.video_token_id)
     if len(image_at) != len(images):
         raise MmError(f"prompt has {len(image_at)} image placeholder(s) but {len(images)} image(s)")
     if len(video_at) != len(videos):
         raise MmError(f"prompt has {len(video_at)} video placeholder(s) but {len(videos)} video(s)")
-    image_counts = [_tokens(grid, rules.merge_size, f"image {k}") for k, grid in enumerate(images)]
+    patterns: dict[int, tuple[int, Repeat | Explicit]] = {}  # placeholder index -> (item, its expansion)
+    for k, (where, grid) in enumerate(zip(image_at.tolist(), images, strict=True)):
+        patterns[where] = (k, Repeat(rules.image_token_id, _tokens(grid, rules.merge_size, f"image {k}")))
     split = rules.model_type in SPLIT_VIDEO_MODEL_TYPES
-    # Per video: the ids that replace its pad, and where its pad runs start and end within them.
-    expansions: list[tuple[np.ndarray, tuple[tuple[int, int], ...]]] = []
-    for k, video in enumerate(videos):
+    for k, (where, video) in enumerate(zip(video_at.tolist(), videos, strict=True)):
         if not isinstance(video, VideoItem):
             raise MmError(f"video {k}: expected a VideoItem, got {type(video).__name__}")
         gt, gh, gw = _checked_grid(video.grid, rules.merge_size, f"video {k}")
         if rules.model_type in TIMED_MODEL_TYPES:
             _second_per_grid(video, k)
         if not split:
-            expansions.append((np.full(gt * gh * gw // merge2, rules.video_token_id, np.int64), ()))
-            continue
-        where = int(video_at[k])
-        if where > 0 and int(ids[where - 1]) not in (rules.vision_start_token_id, rules.vision_end_token_id,
-                                                     rules.image_token_id, rules.video_token_id):  # fmt: skip
-            # HF tokenizes the timestamp text together with whatever text precedes the pad (":<" is one
-            # pre-token), which ids cannot show; after a special token it is tokenized on its own.
-            raise MmError(
-                f"video {k}: the token before its <|video_pad|> (index {where}) is {int(ids[where - 1])}, not "
-                "<|vision_start|>: its timestamp text would be tokenized together with the text before it "
-                "(the chat template writes <|vision_start|><|video_pad|><|vision_end|>)"
-            )
-        expansions.append(_timestamped_blocks(video, (gt, gh, gw), rules, f"video {k}"))
-
-    placeholders = sorted([(int(i), "image", k) for k, i in enumerate(image_at)] +
-                          [(int(i), "video", k) for k, i in enumerate(video_at)])  # fmt: skip
-    total = len(ids) - len(placeholders) + sum(image_counts) + sum(len(e[0]) for e in expansions)
-    out = np.empty(total, np.int64)
-    image_offsets: list[tuple[int, int]] = []
-    video_offsets: list[tuple[tuple[int, int], ...]] = []
-    src = dst = 0
-    for where, kind, k in placeholders:
-        out[dst : dst + where - src] = ids[src:where]
-        dst += where - src
-        if kind == "image":
-            out[dst : dst + image_counts[k]] = rules.image_token_id
-            image_offsets.append((dst, dst + image_counts[k] - 1))
-            dst += image_counts[k]
+            pattern: Repeat | Explicit = Repeat(rules.video_token_id, gt * gh * gw // rules.merge_size**2)
         else:
-            expansion, runs = expansions[k]
-            out[dst : dst + len(expansion)] = expansion
-            if runs:
-                video_offsets.append(tuple((dst + a, dst + b) for a, b in runs))
-            else:
-                video_offsets.append(((dst, dst + len(expansion) - 1),))
-            dst += len(expansion)
-        src = where + 1
-    out[dst:] = ids[src:]
-    return out, tuple(image_offsets), tuple(video_offsets)
+            if where > 0 and int(ids[where - 1]) not in (rules.vision_start_token_id, rules.vision_end_token_id,
+                                                         rules.image_token_id, rules.video_token_id):  # fmt: skip
+                # HF tokenizes the timestamp text together with whatever text precedes the pad (":<" is one
+                # pre-token), which ids cannot show; after a special token it is tokenized on its own.
+                raise MmError(
+                    f"video {k}: the token before its <|video_pad|> (index {where}) is {int(ids[where - 1])}, not "
+                    "<|vision_start|>: its timestamp text would be tokenized together with the text before it "
+                    "(the chat template writes <|vision_start|><|video_pad|><|vision_end|>)"
+                )
+            blocks, runs = _timestamped_blocks(video, (gt, gh, gw), rules, f"video {k}")
+            pattern = Explicit(blocks, range(runs[0].start, runs[-1].stop), runs)
+        patterns[where] = (len(images) + k, pattern)
+    segments: list[Segment] = []
+    start = 0
+    for where in sorted(patterns):
+        if where > start:
+            segments.append(Text(range(start, where)))
+        segments.append(Media(*patterns[where]))
+        start = where + 1
+    if start < len(ids):
+        segments.append(Text(range(start, len(ids))))
+    return tuple(segments)
+
+
+def expand_prompt(
+    input_ids: np.ndarray | Sequence[int],
+    images: Sequence[tuple[int, int, int]],
+    videos: Sequence[VideoItem],
+    rules: VideoPromptRules,
+) -> tuple[np.ndarray, tuple[tuple[int, int], ...], tuple[tuple[tuple[int, int], ...], ...]]:
+    """(expanded ids int64, image offsets, video offsets: each video's runs) of `prompt_layout`'s
+    prompt. Everything is checked before anything is built."""
+    ids = np.asarray(input_ids)
+    ids = ids.astype(np.int64, copy=False) if ids.ndim == 1 and ids.dtype.kind in "iu" else ids
+    layout = prompt_layout(ids, images, videos, rules)
+    expanded, runs = apply_layout_runs(ids, layout, len(images) + len(videos))
+    return expanded, tuple(r[0] for r in runs[: len(images)]), tuple(runs[len(images) :])
+
+
+def prompt_positions(
+    expanded: np.ndarray,
+    image_offsets: Sequence[tuple[int, int]],
+    images: Sequence[tuple[int, int, int]],
+    videos: Sequence[VideoItem],
+    rules: VideoPromptRules,
+) -> tuple[np.ndarray, int]:
+    """The M-RoPE positions and delta SGLang 0.5.23 computes for an expanded prompt: with videos its
+    get_rope_index (`mrope_rope_index`), without its image-only walk over the offsets
+    (`mrope_image_only`, byte for byte the image path's)."""
+    if not videos:
+        items = [(s, e, tuple(grid)) for (s, e), grid in zip(image_offsets, images, strict=True)]
+        return mrope_image_only(len(expanded), items, rules.merge_size)
+    seconds = None
+    if rules.model_type in TIMED_MODEL_TYPES:
+        seconds = [_second_per_grid(video, k) for k, video in enumerate(videos)]
+    return mrope_rope_index(
+        expanded,
+        [tuple(grid) for grid in images],
+        [tuple(video.grid) for video in videos],
+        model_type=rules.model_type,
+        merge_size=rules.merge_size,
+        image_token_id=rules.image_token_id,
+        video_token_id=rules.video_token_id,
+        vision_start_token_id=rules.vision_start_token_id,
+        second_per_grid_ts=seconds,
+        tokens_per_second=rules.tokens_per_second,
+    )
 
 
 def video_prompt(
@@ -293,29 +327,9 @@ def video_prompt(
     videos: Sequence[VideoItem],
     rules: VideoPromptRules,
 ) -> VideoPrompt:
-    """`expand_prompt`, then the positions SGLang 0.5.23 computes for the expanded prompt: with videos
-    its get_rope_index (`mrope_rope_index`), without its image-only walk over the offsets
-    (`mrope_image_only`, byte for byte the image path's)."""
+    """`expand_prompt`, then `prompt_positions`."""
     expanded, image_offsets, video_offsets = expand_prompt(input_ids, images, videos, rules)
-    if not videos:
-        items = [(s, e, tuple(grid)) for (s, e), grid in zip(image_offsets, images, strict=True)]
-        positions, delta = mrope_image_only(len(expanded), items, rules.merge_size)
-    else:
-        seconds = None
-        if rules.model_type in TIMED_MODEL_TYPES:
-            seconds = [_second_per_grid(video, k) for k, video in enumerate(videos)]
-        positions, delta = mrope_rope_index(
-            expanded,
-            [tuple(grid) for grid in images],
-            [tuple(video.grid) for video in videos],
-            model_type=rules.model_type,
-            merge_size=rules.merge_size,
-            image_token_id=rules.image_token_id,
-            video_token_id=rules.video_token_id,
-            vision_start_token_id=rules.vision_start_token_id,
-            second_per_grid_ts=seconds,
-            tokens_per_second=rules.tokens_per_second,
-        )
+    positions, delta = prompt_positions(expanded, image_offsets, images, videos, rules)
     return VideoPrompt(expanded, image_offsets, video_offsets, positions, delta)
 
 
@@ -342,8 +356,8 @@ def _tokens(grid: Sequence[int], merge_size: int, what: str) -> int:
 
 def _timestamped_blocks(
     video: VideoItem, grid: tuple[int, int, int], rules: VideoPromptRules, what: str
-) -> tuple[np.ndarray, tuple[tuple[int, int], ...]]:
-    """A Qwen3 video's replacement ids and its pad runs (relative, inclusive): per temporal patch the
+) -> tuple[np.ndarray, tuple[range, ...]]:
+    """A Qwen3 video's replacement ids and where its pad runs are in them: per temporal patch the
     timestamp's ids, <|vision_start|>, the pads, <|vision_end|>."""
     gt, gh, gw = grid
     stamps = video.timestamps
@@ -365,7 +379,7 @@ def _timestamped_blocks(
         at += len(text)
         out[at] = rules.vision_start_token_id
         out[at + 1 : at + 1 + pads] = rules.video_token_id
-        runs.append((at + 1, at + pads))
+        runs.append(range(at + 1, at + 1 + pads))
         out[at + 1 + pads] = rules.vision_end_token_id
         at += pads + 2
     return out, tuple(runs)
