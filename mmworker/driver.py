@@ -39,7 +39,7 @@ from mmworker.common.budget import (
 from mmworker.common.decode import with_image
 from mmworker.common.fetch import fetch_bytes
 from mmworker.common.hashing import content_hash
-from mmworker.errors import BudgetExceeded, MmError, Outcome
+from mmworker.errors import BudgetExceeded, MmError, Outcome, item_name
 from mmworker.pipeline import (
     IMAGE,
     VIDEO,
@@ -98,11 +98,6 @@ class Output:
     offsets: tuple[tuple[int, int], ...]
     positions: Positions
     runs: tuple[tuple[Run, ...], ...] = ()
-
-
-def item_name(index: int, n_images: int) -> str:
-    """How messages name item `index` of a request with `n_images` images: "image k" or "video k"."""
-    return f"image {index}" if index < n_images else f"video {index - n_images}"
 
 
 def resolve_sources(

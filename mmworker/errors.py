@@ -4,6 +4,12 @@ import enum
 import re
 
 
+def item_name(index: int, n_images: int) -> str:
+    """How messages name item `index` of a request whose first `n_images` items are images and the
+    rest videos: "image k" or "video k", k counted within its kind."""
+    return f"image {index}" if index < n_images else f"video {index - n_images}"
+
+
 class Outcome(enum.Enum):
     """What became of a request: the kind of its one reply (`Reply.kind`), beside the reply's message.
 

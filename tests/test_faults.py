@@ -135,7 +135,8 @@ def test_cpu_budget_rejects_without_restarting():
     with WorkerPool(SPEC, {"workers": 1, "ring_mib": 64, "image_cpu_s": 0.001}) as pool:
         [pid] = pool.worker_pids()
         reply = pool.process([P], [big])
-        assert not reply.ok and reply.error == "image 0: exceeded the CPU budget (image_cpu_s per image)"
+        assert not reply.ok and reply.error == ("image 0: exceeded the CPU budget (image_cpu_s per image, "
+                                                "video_cpu_s per video)")  # fmt: skip
         assert reply.kind is Outcome.BAD_INPUT
         assert pool.worker_pids() == [pid] and pool.stats().restarts == 0
         assert pool.process([P], [tiny]).ok  # and the next request is not struck

@@ -160,3 +160,13 @@ def test_a_negative_budget_is_a_malformed_job_not_the_end_of_the_stage(io, serve
     assert (failed.error, failed.kind) == ("malformed I/O job", Outcome.INTERNAL.value)
     done, payload = io.run(11, _job([server.url("/bytes/10")]))
     assert isinstance(done, Done) and payload == [pattern(10)]
+
+
+def test_a_failed_source_is_named_by_its_kind_when_the_job_says_how_many_items_are_images(io, server):
+    url = server.url("/status/404")
+    job = {**_job([server.url("/bytes/10"), url]), "indices": [1, 3], "images": 2}
+    failed, _ = io.run(12, job)
+    assert failed.error.startswith("video 1: media fetch: ") and "404" in failed.error, failed.error  # item 3
+    for images in (-1, True, "2", 1.0):
+        failed, _ = io.run(13, {**job, "images": images})
+        assert (failed.error, failed.kind) == ("malformed I/O job", Outcome.INTERNAL.value)

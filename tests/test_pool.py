@@ -441,7 +441,8 @@ def test_a_result_naming_an_item_the_request_lacks_is_rejected_and_a_stale_one_d
             tensors = {"input_ids": ids, "feature.0": feature, "aux.1.image_grid_thw": grid}
             sender = ResultSender(os.dup(pool._res.results.sender_fd), slot.identity)
             try:
-                sender.send(Done(running, tensors, {"offsets": [[1, 2]], "hashes": [7]}))
+                meta = {"offsets": [[1, 2]], "runs": [[1, 2]], "modalities": ["IMAGE"], "hashes": [7]}
+                sender.send(Done(running, tensors, meta))
             finally:
                 sender.close()
             [reply] = wait_replies(pool, 1)

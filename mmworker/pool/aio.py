@@ -63,6 +63,7 @@ class PoolDriver:
         request_id: Any,
         mm_hashes: Sequence[str] | None,
         content_hashes: Sequence[str | None] | None = None,
+        videos: Sequence[str | bytes | bytearray | memoryview] = (),
     ) -> Reply:
         """Submit one request and await its reply (see `WorkerPool.aprocess`)."""
         pool = self._pool()
@@ -71,7 +72,7 @@ class PoolDriver:
         deliver = functools.partial(self._deliver, future)
         self._in_flight += 1  # before the submit: a rejection is delivered inside it
         try:
-            request_id = pool._submit(input_ids, images, request_id, mm_hashes, deliver, content_hashes)
+            request_id = pool._submit(input_ids, images, request_id, mm_hashes, deliver, content_hashes, videos)
         except BaseException:  # misuse (UsageError: after close, a request id in flight): nothing was owed
             self._in_flight -= 1
             raise

@@ -2,7 +2,9 @@
 
 A repeated image costs no decode, resize or patchify: its features, aux tensors, content hash and
 patch grid are kept from the first time and handed out again, zero-copy. The pool owns the cache;
-the workers only write into it.
+the workers only write into it. Videos are never cached, nor keyed (their bytes are not hashed
+here: the worker hashes them for the reply's `hash`); a request with videos always goes to a
+worker, which takes its cached images as known and computes the rest.
 
 Keys. An image's key is the blake3 digest (128 bits) of its source as the worker would get it (the
 encoded bytes, as given or as the I/O process fetched them; a data: URL or base64 text as its
@@ -195,11 +197,12 @@ class FeatureCache:
     # --- admission -------------------------------------------------------------------------------
 
     def keys(self, req: "Request") -> list[bytes]:
-        """Each image's key (see the module docstring)."""
+        """Each image's key (see the module docstring); a video has none (never cached, never hashed here)."""
         inputs, fingerprint = req.inputs, self.fingerprint
         caller = inputs.content_hashes if self._trust else None
         keys = []
-        for i, (frame, kind) in enumerate(zip(inputs.frames, inputs.kinds, strict=True)):
+        images = inputs.images
+        for i, (frame, kind) in enumerate(zip(inputs.frames[:images], inputs.kinds[:images], strict=True)):
             text = caller[i] if caller is not None else None
             if isinstance(text, str) and text:
                 keys.append(fingerprint + _TAG_CALLER + text.encode())
@@ -209,9 +212,10 @@ class FeatureCache:
         return keys
 
     def admit(self, req: "Request") -> str:
-        """Decide `req`'s plan (req.cache): ADMIT_HIT (every image cached: pinned, answer it here),
-        ADMIT_WAIT (an image of it is being computed for another request: it waits), or ADMIT_RUN
-        (a worker computes its misses, caching those no other request computes)."""
+        """Decide `req`'s plan (req.cache): ADMIT_HIT (every image cached and no video: pinned, answer
+        it here), ADMIT_WAIT (an image of it is being computed for another request: it waits), or
+        ADMIT_RUN (a worker computes its misses and its videos, caching the images no other request
+        computes)."""
         plan = req.cache
         plan = req.cache = Plan(self.keys(req)) if plan is None else Plan(plan.keys, plan.waited)
         for i, key in enumerate(plan.keys):
@@ -237,8 +241,10 @@ class FeatureCache:
             self._producing[key] = req.rid
         self.hits += len(plan.hits)
         self.misses += len(plan.keys) - len(plan.hits)
-        # A request without images goes to a worker, whose driver rejects it in its own words.
-        return ADMIT_HIT if plan.keys and len(plan.hits) == len(plan.keys) else ADMIT_RUN
+        # A request without images goes to a worker, whose driver rejects it in its own words (or
+        # computes its videos).
+        whole = plan.keys and len(plan.hits) == len(plan.keys) and not req.inputs.videos
+        return ADMIT_HIT if whole else ADMIT_RUN
 
     def forget(self, req: "Request") -> None:
         """`req` left the table (answered, rejected, cancelled, its worker gone): unpin what it still

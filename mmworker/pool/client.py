@@ -17,8 +17,8 @@ flight; `fileno()` becomes readable when a message arrives.
 Channels: jobs and releases go to each worker through its inbox (ipc.inbox), and its Hello and
 answers come back on the results channel (ipc.results): socket pairs this thread writes and reads
 itself, with no libzmq thread in between; the I/O process's traffic goes through ZeroMQ
-(ipc.channels). No image byte crosses a socket: the Job carries where a job's input bytes
-(input_ids, images) are, and the worker copies them straight out of this process's memory
+(ipc.channels). No image or video byte crosses a socket: the Job carries where a job's input bytes
+(input_ids, images, videos) are, and the worker copies them straight out of this process's memory
 (ipc.peer_memory: no per-byte work here) where the kernel lets it, which each worker checks on a
 probe at start-up (`inputs_in_place`). Elsewhere they are copied once into this process's request
 ring, which every worker maps read-only, and a job whose inputs do not fit there now gets a
@@ -41,9 +41,16 @@ a worker whose ring stays full `memory_wait_s` fails the job with kind MEMORY_FU
 message says which replies hold the ring and since when.
 
 Repeats: with the feature cache (mmworker.pool.cache; `cache_mib`, on by default) an image sent
-again is not computed again. A request whose images are all cached is answered inside `submit`
-(ready for the next `poll()`, no fd wake-up), one with some cached sends only the others' bytes,
-and one whose image another request is computing waits for that job.
+again is not computed again. A request whose images are all cached (and which has no video) is
+answered inside `submit` (ready for the next `poll()`, no fd wake-up), one with some cached sends
+only the others' bytes, and one whose image another request is computing waits for that job.
+Videos are never cached: every video is computed by a worker, beside the request's cached images.
+
+Videos (`videos=`): items after the images, through the same path: the I/O process fetches a
+URL's or file's stream under the video cap (MAX_VIDEO_FETCH_BYTES), a worker computes the feature
+into its ring under `video_cpu_s` of CPU each, and the reply carries each item's `modality` and
+placeholder `runs`. A family that serves no videos has the request rejected at submit
+(UNSUPPORTED, naming why), before anything is fetched.
 
 The parts, one concept each: `inflight` (the requests and their states, one reply each),
 `dispatch` (the queue and the idle workers), `supervisor` (the children: start, Hello, crash and
@@ -66,6 +73,7 @@ import numpy as np
 
 from ipc.errors import ChannelClosed, IpcError
 from ipc.wire import Job
+from mmworker.driver import check_capabilities
 from mmworker.errors import MmError, Outcome, UsageError
 from mmworker.pool.aio import PoolDriver
 from mmworker.pool.cache import FeatureCache
@@ -158,23 +166,28 @@ class WorkerPool:
         input_ids: Sequence[int] | np.ndarray,
         images: Sequence[str | bytes | bytearray | memoryview],
         *,
+        videos: Sequence[str | bytes | bytearray | memoryview] = (),
         request_id: Any = None,
         mm_hashes: Sequence[str] | None = None,
         content_hashes: Sequence[str | None] | None = None,
     ) -> Any:
         """Queue one request and return its id; never blocks. Every request gets exactly one Reply.
 
-        `input_ids` are copied here. Image bytes are not: they are read when the request reaches a
-        worker, so a bytearray or memoryview source must stay unchanged until its reply arrives.
-        `mm_hashes`: hex strings that replace the replies' hashes (SGLang's rule). `content_hashes`:
-        the caller's own hash of each image's content (None for one it has none for), which keys the
-        feature cache instead of hashing the bytes, only if the config says `trust_content_hashes`.
-        Raises only on misuse (UsageError): after close(), with a request id still in flight or not
-        hashable, with `mm_hashes` or `content_hashes` not a list; then nothing was submitted.
+        `input_ids` hold one placeholder per image and per video. `videos`: their sources, as for
+        images (bytes, a path, a file:// or http(s) URL, a data: URL, base64); the reply's items are
+        the images, then the videos. `input_ids` are copied here. Source bytes are not: they are
+        read when the request reaches a worker, so a bytearray or memoryview source must stay
+        unchanged until its reply arrives. `mm_hashes`: hex strings that replace the replies'
+        hashes, one per item (SGLang's rule). `content_hashes`: the caller's own hash of each
+        image's content (None for one it has none for; videos have none: they are never cached),
+        which keys the feature cache instead of hashing the bytes, only if the config says
+        `trust_content_hashes`. Raises only on misuse (UsageError): after close(), with a request
+        id still in flight or not hashable, with `mm_hashes` or `content_hashes` not a list; then
+        nothing was submitted.
         """
-        return self._submit(input_ids, images, request_id, mm_hashes, None, content_hashes)
+        return self._submit(input_ids, images, request_id, mm_hashes, None, content_hashes, videos)
 
-    def _submit(self, input_ids, images, request_id: Any, mm_hashes, deliver, content_hashes=None) -> Any:
+    def _submit(self, input_ids, images, request_id: Any, mm_hashes, deliver, content_hashes=None, videos=()) -> Any:
         """`submit`; with `deliver`, the reply goes straight to deliver(reply) when it is given
         (possibly before this returns), never to `poll`."""
         res = self._res
@@ -192,7 +205,8 @@ class WorkerPool:
             inflight.reject(req, why, Outcome.QUEUE_FULL)
             return req.request_id
         try:
-            req.inputs = check_inputs(input_ids, images, hashes, content)
+            req.inputs = check_inputs(input_ids, images, hashes, content, videos)
+            check_capabilities(self.family, req.inputs.videos)  # before a video is fetched for nothing
         except MmError as exc:
             inflight.reject(req, str(exc), exc.kind)
             return req.request_id
@@ -224,12 +238,12 @@ class WorkerPool:
             arrived = engine.arrived(min(remaining, 0.05))
 
     def process(
-        self, input_ids, images, *, request_id: Any = None, mm_hashes=None, content_hashes=None,
+        self, input_ids, images, *, videos=(), request_id: Any = None, mm_hashes=None, content_hashes=None,
         timeout: float | None = None,
     ) -> Reply:  # fmt: skip
         """Submit and wait for this request's reply (other requests' replies stay for `poll`)."""
         answers, engine = self._inflight.answers, self._engine
-        submitted = self.submit(input_ids, images, request_id=request_id, mm_hashes=mm_hashes,
+        submitted = self.submit(input_ids, images, videos=videos, request_id=request_id, mm_hashes=mm_hashes,
                                 content_hashes=content_hashes)  # fmt: skip
         rid = answers.rid_of(submitted)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -242,7 +256,7 @@ class WorkerPool:
         return answers.take(rid)
 
     async def aprocess(
-        self, input_ids, images, *, request_id: Any = None, mm_hashes=None, content_hashes=None
+        self, input_ids, images, *, videos=(), request_id: Any = None, mm_hashes=None, content_hashes=None
     ) -> Reply:
         """`process` for asyncio: submit, then await this request's reply without blocking the loop.
 
@@ -255,7 +269,7 @@ class WorkerPool:
         driver = self._drivers.get(asyncio.get_running_loop())
         if driver is None:
             driver = self._driver()
-        return await driver.process(input_ids, images, request_id, mm_hashes, content_hashes)
+        return await driver.process(input_ids, images, request_id, mm_hashes, content_hashes, videos)
 
     def _driver(self) -> PoolDriver:
         """The running loop's driver for this pool, made now (the first `aprocess` on that loop)."""

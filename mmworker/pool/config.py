@@ -25,6 +25,9 @@ which read them without defaults of their own. From a dict or a TOML file (every
                               # before it rejects the job (kind MEMORY_FULL: the caller holds replies
                               # too long; the message says how many and since when)
     image_cpu_s = 30          # CPU seconds per image a worker may spend on a request (then it rejects it)
+    video_cpu_s = 40          # and per video: a request's budget is image_cpu_s * images + video_cpu_s * videos;
+                              # below deadline_s, so that a video over it is rejected by the budget (the worker
+                              # stays) before the deadline replaces the worker: raise both for long videos
     start_timeout_s = 120     # all workers ready within this, or start-up fails
     io_concurrency = 32       # simultaneous downloads in the I/O process
     ordered = true            # poll() returns replies in submission order (false: completion order)
@@ -126,6 +129,7 @@ class PoolConfig:
     deadline_s: float = 60.0
     memory_wait_s: float = 5.0
     image_cpu_s: float = 30.0
+    video_cpu_s: float = 40.0
     start_timeout_s: float = 120.0
     io_concurrency: int = 32
     ordered: bool = True
@@ -175,6 +179,7 @@ class PoolConfig:
         positive("deadline_s", self.deadline_s, float)
         positive("memory_wait_s", self.memory_wait_s, float)
         positive("image_cpu_s", self.image_cpu_s, float)
+        positive("video_cpu_s", self.video_cpu_s, float)
         positive("start_timeout_s", self.start_timeout_s, float)
         positive("io_concurrency", self.io_concurrency)
         if self.worker_sched not in WORKER_SCHED_POLICIES:

@@ -33,7 +33,7 @@ import numba
 from mmworker.errors import BudgetExceeded
 
 T = TypeVar("T")
-MESSAGE = "exceeded the CPU budget (image_cpu_s per image)"
+MESSAGE = "exceeded the CPU budget (image_cpu_s per image, video_cpu_s per video)"
 _SIGNALS = {signal.SIGVTALRM}
 _NUMBA_SOURCES = tuple(os.path.dirname(module.__file__) + os.sep for module in (numba, llvmlite))
 

@@ -16,6 +16,7 @@ from ipc.wire import Job
 from mmworker.errors import Outcome
 from mmworker.pool.inflight import InFlight, Request, State
 from mmworker.pool.inputs import InputStaging
+from mmworker.pool.protocol import ARG_VIDEOS
 from mmworker.pool.slots import RELEASES_PER_RECORD, Leases, Slot
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class Dispatcher:
                 frames, args = plan.frames(frames), {"kinds": plan.kinds(inputs.kinds), **plan.job_args()}
                 if plan.produce:
                     self._cache.prepare(slot, plan)
+            if inputs.videos:  # the last frames are videos (absent: an image-only job, as before videos)
+                args[ARG_VIDEOS] = inputs.videos
             try:
                 staged, fd, places = self._staging.stage(slot.in_place, (inputs.ids, *frames))
             except IpcError as exc:  # not even a one-off segment could be had

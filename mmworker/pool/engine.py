@@ -6,8 +6,9 @@ where the wake-up said (the results channel: workers' Hellos and answers; the ro
 process's), checks the children every `CHECK_INTERVAL_S`, and dispatches what is queued.
 
 A worker's Done becomes a `Reply` of views into its ring, the aux tensors too: nothing is copied,
-and it is checked first (a descriptor outside the ring, a name for an item the request lacks:
-"internal error", never a view into the wrong memory). An answer for a job its worker no longer
+and it is checked first (a descriptor outside the ring, a name for an item the request lacks, runs
+that do not span the offsets, modalities other than the request's images then videos: "internal
+error", never a view into the wrong memory). An answer for a job its worker no longer
 runs, or for a cancelled request, is dropped, its memory given back.
 
 With the feature cache (mmworker.pool.cache) a request whose inputs are all here is admitted
@@ -27,9 +28,9 @@ import numpy as np
 
 from ipc.errors import IpcError
 from ipc.wire import Done, Failed, Hello
-from mmworker.driver import assemble
+from mmworker.driver import assemble, spans
 from mmworker.errors import MmError, Outcome
-from mmworker.pipeline import Family, MRope
+from mmworker.pipeline import IMAGE, VIDEO, Family, MRope
 from mmworker.pool import naming
 from mmworker.pool.cache import ADMIT_HIT, ADMIT_WAIT, FeatureCache, frozen
 from mmworker.pool.dispatch import Dispatcher
@@ -220,26 +221,34 @@ class Engine:
                 raise IpcError(f"tensor {name!r} names ring {d.ring}, not worker {ring}'s ring or cached feature")
         offsets = [(int(s), int(e)) for s, e in meta[naming.OFFSETS]]
         n_items = len(offsets)
+        runs = naming.runs_of(meta[naming.RUNS], n_items)
+        if list(spans(runs)) != offsets:
+            raise ValueError(f"runs {runs} do not span offsets {offsets}")
+        inputs = req.inputs
+        modalities = [IMAGE] * inputs.images + [VIDEO] * inputs.videos
+        if meta[naming.MODALITIES] != modalities:
+            raise ValueError(f"modalities {meta[naming.MODALITIES]!r} for a request of {inputs.images} image(s) "
+                             f"and {inputs.videos} video(s)")  # fmt: skip
         input_ids, positions, features, auxes = naming.unpack(arrays, n_items, hits)
         for i, entry in hits.items():
             features[i], auxes[i] = self._cache.view(entry), self._cache.aux(entry)
-        hashes = override_hashes([int(h) for h in meta[naming.HASHES]], req.inputs.mm_hashes, req.request_id)
-        items = [ReplyItem(feature=features[i], aux=auxes[i], hash=hashes[i]) for i in range(n_items)]
+        hashes = override_hashes([int(h) for h in meta[naming.HASHES]], inputs.mm_hashes, req.request_id)
+        items = [ReplyItem(features[i], auxes[i], hashes[i], modalities[i]) for i in range(n_items)]
         pins = []
         if plan is not None:  # the request's pins go to the lease, with the entries made from this job
             self._cache.pin(list(entries.values()))
             pins, plan.pins = plan.pins + list(entries.values()), []
         lease = self._leases.grant(slot, req.rid, _allocations(slot, done), held, pins)  # nothing after this can fail
         return Reply(
-            request_id=req.request_id, ok=True, input_ids=input_ids, offsets=offsets, items=items,
+            request_id=req.request_id, ok=True, input_ids=input_ids, offsets=offsets, items=items, runs=runs,
             positions=positions, delta=meta.get(naming.DELTA), busy_ms=done.busy_ms,
             queued_ms=(req.dispatched - req.submitted) * 1e3, to_worker_ms=(done.started - req.dispatched) * 1e3,
             worker=slot.index, nbytes=held, family=self._family, cache_hits=len(hits), _lease=lease,
         )  # fmt: skip
 
     def _answer_from_cache(self, req: Request) -> None:
-        """Answer a request whose images are all cached: the prompt laid out here, features viewed
-        in place, no worker involved."""
+        """Answer a request whose images are all cached (it has no video: videos are never cached):
+        the prompt laid out here, features viewed in place, no worker involved."""
         plan, cache = req.cache, self._cache
         entries = [plan.hits[i] for i in range(len(plan.keys))]
         ids = req.inputs.ids
@@ -257,6 +266,7 @@ class Engine:
         lease = self._leases.grant(None, req.rid, [], 0, pins)
         reply = Reply(
             request_id=req.request_id, ok=True, input_ids=frozen(input_ids), offsets=offsets, items=items,
+            runs=[(offset,) for offset in offsets],  # images only: one run each
             positions=frozen(mrope.positions) if mrope else None, delta=mrope.delta if mrope else None,
             family=self._family, cache_hits=len(entries), _lease=lease,
         )  # fmt: skip

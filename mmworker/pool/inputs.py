@@ -14,8 +14,9 @@ from ipc.errors import AllocationTooLarge
 from ipc.peer_memory import places_of
 from ipc.ring import ALIGN, Allocation, RingWriter
 from ipc.segment import Segment
-from mmworker.common.budget import MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES
+from mmworker.common.budget import MAX_FETCH_BYTES, MAX_ITEMS_PER_REQUEST, MAX_REQUEST_BYTES, MAX_VIDEO_FETCH_BYTES
 from mmworker.common.inline import decoded_size_estimate
+from mmworker.driver import item_name
 from mmworker.errors import MmError, UsageError
 from mmworker.pool.protocol import KIND_BYTES, KIND_STRING, REQUEST_RING, needs_io
 
@@ -31,24 +32,36 @@ Held = Allocation | list[bytes | np.ndarray] | None
 
 class RequestInputs:
     """One request's inputs as its worker will get them: `ids` (int64, a copy of its own) and one
-    frame per image (bytes as given, text UTF-8 encoded, later the fetched bytes of URLs and files)."""
+    frame per item, the images then the `videos` last ones (bytes as given, text UTF-8 encoded, later
+    the fetched bytes of URLs and files)."""
 
-    __slots__ = ("content_hashes", "frames", "ids", "kinds", "mm_hashes", "raw_bytes", "sources")
+    __slots__ = ("content_hashes", "frames", "ids", "kinds", "mm_hashes", "raw_bytes", "sources", "videos")
 
     def __init__(self, ids: bytes | np.ndarray, sources: list, frames: list, kinds: list[str], raw_bytes: int,
-                 mm_hashes: list[str] | None, content_hashes: list[str | None] | None = None) -> None:  # fmt: skip
+                 mm_hashes: list[str] | None, content_hashes: list[str | None] | None = None,
+                 videos: int = 0) -> None:  # fmt: skip
         self.ids, self.sources, self.frames, self.kinds = ids, sources, frames, kinds
         self.raw_bytes = raw_bytes  # bytes given directly (they count against the request's byte budget)
         self.mm_hashes = mm_hashes
         self.content_hashes = content_hashes  # the caller's, one per image (None: none for that one)
+        self.videos = videos  # how many of the sources, the last ones, are videos
+
+    @property
+    def images(self) -> int:
+        """How many of the sources, the first ones, are images."""
+        return len(self.sources) - self.videos
 
     def io_job(self) -> dict[str, Any] | None:
-        """The I/O process's job arguments for the sources it resolves; None if there are none."""
+        """The I/O process's job arguments for the sources it resolves; None if there are none. Each
+        source's stream is capped as the inline driver caps it: a video's at MAX_VIDEO_FETCH_BYTES,
+        an image's at MAX_FETCH_BYTES."""
         indices = [i for i, source in enumerate(self.sources) if needs_io(source)]
         if not indices:
             return None
+        images = self.images
+        caps = [MAX_FETCH_BYTES if i < images else MAX_VIDEO_FETCH_BYTES for i in indices]
         return {"sources": [self.sources[i] for i in indices], "indices": indices,
-                "budget": MAX_REQUEST_BYTES - self.raw_bytes}  # fmt: skip
+                "budget": MAX_REQUEST_BYTES - self.raw_bytes, "caps": caps, "images": images}  # fmt: skip
 
     def fetched(self, payload: Iterable) -> None:
         """Put the I/O process's bytes (one per source it resolved, in order) in those sources' places."""
@@ -70,44 +83,47 @@ def hashes_of(hashes: Any, name: str = "mm_hashes") -> list[str] | None:
 
 
 def check_inputs(
-    input_ids: Any, images: Any, mm_hashes: list[str] | None, content_hashes: list | None = None
+    input_ids: Any, images: Any, mm_hashes: list[str] | None, content_hashes: list | None = None, videos: Any = ()
 ) -> RequestInputs:
     """Convert and check what is cheap to check here (the worker checks everything else); MmError
-    names what is wrong. `mm_hashes` and `content_hashes` as `hashes_of` returned them; content
-    hashes whose count is not the images' are ignored (with a warning), as mm_hashes are."""
+    names what is wrong ("image k", "video k"). `mm_hashes` and `content_hashes` as `hashes_of`
+    returned them; content hashes (one per image: videos are never keyed) whose count is not the
+    images' are ignored (with a warning), as mm_hashes are."""
     ids = _ids_of(input_ids)
-    if isinstance(images, (str, bytes, bytearray, memoryview)) or not isinstance(images, Sequence):
-        raise MmError("images must be a list of sources")
-    if len(images) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
+    for name, sources in (("images", images), ("videos", videos)):
+        if isinstance(sources, (str, bytes, bytearray, memoryview)) or not isinstance(sources, Sequence):
+            raise MmError(f"{name} must be a list of sources")
+    n_images = len(images)
+    if n_images + len(videos) > MAX_ITEMS_PER_REQUEST:  # before anything is fetched
         raise MmError(f"multimodal request exceeds {MAX_ITEMS_PER_REQUEST} media items")
     total = raw = 0
     frames, kinds = [], []  # built once here, not at every dispatch attempt
-    for i, source in enumerate(images):
+    sources = [*images, *videos]
+    for i, source in enumerate(sources):
         if isinstance(source, str):
             total += 0 if needs_io(source) else decoded_size_estimate(source)
             try:
                 frames.append(source.encode())
             except UnicodeEncodeError as exc:
-                raise MmError(
-                    f"image {i}: source text is not valid Unicode ({exc.reason} at position {exc.start})"
-                ) from None
+                raise MmError(f"{item_name(i, n_images)}: source text is not valid Unicode ({exc.reason} at "
+                              f"position {exc.start})") from None  # fmt: skip
             kinds.append(KIND_STRING)
         elif isinstance(source, (bytes, bytearray, memoryview)):
             view = memoryview(source)
             if not view.c_contiguous:
-                raise MmError(f"image {i}: a memoryview source must be C-contiguous")
+                raise MmError(f"{item_name(i, n_images)}: a memoryview source must be C-contiguous")
             raw += view.nbytes
             frames.append(source)
             kinds.append(KIND_BYTES)
         else:
-            raise MmError(f"image {i}: source must be a string or bytes, got {type(source).__name__}")
+            raise MmError(f"{item_name(i, n_images)}: source must be a string or bytes, got {type(source).__name__}")
     total += raw
     if total > MAX_REQUEST_BYTES:
         raise MmError(f"multimodal request exceeds {MAX_REQUEST_BYTES} total media bytes")
-    if content_hashes is not None and len(content_hashes) != len(images):
-        log.warning("%d content hashes for %d images; ignoring them", len(content_hashes), len(images))
+    if content_hashes is not None and len(content_hashes) != n_images:
+        log.warning("%d content hashes for %d images; ignoring them", len(content_hashes), n_images)
         content_hashes = None
-    return RequestInputs(ids, list(images), frames, kinds, raw, mm_hashes, content_hashes)
+    return RequestInputs(ids, sources, frames, kinds, raw, mm_hashes, content_hashes, len(videos))
 
 
 def _ids_of(input_ids: Any) -> bytes | np.ndarray:
@@ -190,12 +206,13 @@ def _copy_inputs(ring: RingWriter, allocation: Allocation, frames: tuple, spans:
 
 
 def override_hashes(hashes: list[int], overrides: list[str] | None, request_id: Any) -> list[int]:
-    """SGLang's `mm_hashes` rule: one hex string per item (any width, optional 0x, low 64 bits kept);
-    a malformed entry keeps the computed hash; a count mismatch ignores them all; never a rejection."""
+    """SGLang's `mm_hashes` rule: one hex string per item (images and videos; any width, optional 0x,
+    low 64 bits kept); a malformed entry keeps the computed hash; a count mismatch ignores them all;
+    never a rejection."""
     if overrides is None:
         return hashes
     if len(overrides) != len(hashes):
-        log.warning("request %r: %d mm_hashes for %d images; ignoring them", request_id, len(overrides), len(hashes))
+        log.warning("request %r: %d mm_hashes for %d items; ignoring them", request_id, len(overrides), len(hashes))
         return hashes
     out = []
     for computed, text in zip(hashes, overrides, strict=True):

@@ -8,13 +8,15 @@ host or a hung mount never occupies a CPU worker. It serves until the pool ends 
 its parent dies.
 
     C -> IO  Job(rid, args={"sources": [str, ...], "indices": [int, ...], "budget": int,
-                            "caps": [int, ...]})    ("caps" optional)
+                            "caps": [int, ...], "images": int})    ("caps", "images" optional)
     IO -> C  Done(rid, frames=n, meta={}) with the n sources' bytes in order, or Failed(rid, reason, kind)
 
-"indices" gives each source's index among the request's items (for messages), "budget" the bytes
+"indices" gives each source's index among the request's items and "images" how many of those items
+are images (absent: all), for messages ("image k", "video k"); "budget" the bytes
 these sources may pull in together, "caps" each source's per-stream byte cap (absent or null: every
 source MAX_FETCH_BYTES; a video's is MAX_VIDEO_FETCH_BYTES). A job of another shape (a list not as
-long as "sources", an entry of another type, a negative budget, a cap outside 1 .. 2**63 - 1) is
+long as "sources", an entry of another type, a negative budget or image count, a cap outside 1 ..
+2**63 - 1) is
 answered Failed(rid, "malformed I/O job", kind "internal") and nothing of it is fetched.
 
 Every URL and path passes the pool's media policy (mmworker.common.policy: schemes, domains,
@@ -38,7 +40,7 @@ from mmworker.common.budget import MAX_FETCH_BYTES, ByteBudget, check_cap
 from mmworker.common.fetch import REMOTE_PREFIXES, fetch_bytes
 from mmworker.common.http import Transfer, timeout_from_env
 from mmworker.common.policy import MediaPolicy
-from mmworker.errors import MmError, Outcome
+from mmworker.errors import MmError, Outcome, item_name
 from mmworker.pool.child import run_child
 from mmworker.pool.protocol import IO_IDENTITY
 
@@ -46,12 +48,13 @@ log = logging.getLogger("mmworker.io")
 
 
 class _Request:
-    __slots__ = ("budget", "caps", "errors", "indices", "pending", "results", "rid")
+    __slots__ = ("budget", "caps", "errors", "images", "indices", "pending", "results", "rid")
 
-    def __init__(self, rid: int, indices: list[int], budget: int, caps: list[int]) -> None:
+    def __init__(self, rid: int, indices: list[int], budget: int, caps: list[int], images: int | None) -> None:
         n = len(indices)
         self.rid = rid
-        self.indices = indices  # each source's index among the request's images, for messages
+        self.indices = indices  # each source's index among the request's items, for messages
+        self.images = images  # how many of the request's items are images (None: all)
         self.caps = caps  # each source's per-stream byte cap
         self.budget = ByteBudget(budget)
         self.results: list[bytes | None] = [None] * n
@@ -98,6 +101,7 @@ class IoStage:
             indices = message.args.get("indices") or []
             budget = message.args.get("budget", 0)
             caps = message.args.get("caps")  # absent (or null): every source has the default cap
+            images = message.args.get("images")  # absent (or null): every item is an image
             if (
                 not isinstance(sources, list)
                 or not all(isinstance(s, str) for s in sources)
@@ -107,10 +111,11 @@ class IoStage:
                 or not isinstance(budget, int)
                 or budget < 0  # ByteBudget would raise here, ending this process
                 or not (caps is None or _valid_caps(caps, len(sources)))
+                or not (images is None or (type(images) is int and images >= 0))
             ):
                 self.channel.send(Failed(message.rid, "malformed I/O job", kind=Outcome.INTERNAL.value))
                 return
-            request = _Request(message.rid, indices, budget, caps or [MAX_FETCH_BYTES] * len(sources))
+            request = _Request(message.rid, indices, budget, caps or [MAX_FETCH_BYTES] * len(sources), images)
             for index, source in enumerate(sources):
                 if source.startswith(REMOTE_PREFIXES):  # downloads run concurrently; files are read now
                     self.waiting.append((request, index, source))
@@ -171,7 +176,9 @@ class IoStage:
         if request.errors:
             index = min(request.errors)
             error = request.errors[index]
-            self.channel.send(Failed(request.rid, f"image {request.indices[index]}: {error}", kind=error.kind.value))
+            item = request.indices[index]
+            what = item_name(item, item + 1 if request.images is None else request.images)
+            self.channel.send(Failed(request.rid, f"{what}: {error}", kind=error.kind.value))
         else:
             self.channel.send(Done(request.rid, {}, {}, frames=len(request.results)), tuple(request.results))
 

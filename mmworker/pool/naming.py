@@ -4,7 +4,10 @@
              "positions"          the family's M-RoPE positions (absent under 1-D positions)
              "feature.<i>"        item i's feature, in whatever dtype and shape its family makes it
              "aux.<i>.<name>"     item i's aux tensor <name> (e.g. a patch grid), dtype and shape kept
-    meta     "offsets"            [[start, end], ...] inclusive, per item
+    meta     "offsets"            [[start, end], ...] inclusive, per item: its span
+             "runs"               [[start, end, start, end, ...], ...] per item, its placeholder runs
+                                  (inclusive pairs, flattened: the wire nests lists two deep at most)
+             "modalities"         ["IMAGE" | "VIDEO", ...] per item (the images, then the videos)
              "hashes"             [int, ...] per item
              "delta"              the M-RoPE position delta (absent under 1-D positions)
              "grids"              [[t, h, w], ...] per item, its patch grid (what the cache keeps)
@@ -16,8 +19,8 @@ partition (mmworker.pool.cache).
 Every tensor lies in the worker's ring, so on the client each is a view; `unpack` sorts them by role.
 """
 
-from collections.abc import Container, Mapping
-from typing import TypeVar
+from collections.abc import Container, Mapping, Sequence
+from typing import Any, TypeVar
 
 INPUT_IDS = "input_ids"
 POSITIONS = "positions"
@@ -25,6 +28,8 @@ _FEATURE = "feature."
 _AUX = "aux."
 
 OFFSETS = "offsets"
+RUNS = "runs"
+MODALITIES = "modalities"
 HASHES = "hashes"
 DELTA = "delta"
 GRIDS = "grids"
@@ -48,6 +53,24 @@ def feature_item(name: str) -> int | None:
         return int(name[len(_FEATURE) :])
     except ValueError:
         return None
+
+
+def pack_runs(runs: Sequence[Sequence[tuple[int, int]]]) -> list[list[int]]:
+    """Each item's runs as the meta carries them: [start, end, start, end, ...]."""
+    return [[int(bound) for run in item for bound in run] for item in runs]
+
+
+def runs_of(rows: Any, items: int) -> list[tuple[tuple[int, int], ...]]:
+    """Each item's runs from their meta form (`pack_runs`); ValueError unless there is one list per
+    item, each a non-empty even-length list of ints."""
+    if not isinstance(rows, list) or len(rows) != items:
+        raise ValueError(f"runs for {len(rows) if isinstance(rows, list) else '?'} items, not {items}")
+    out = []
+    for row in rows:
+        if not isinstance(row, list) or not row or len(row) % 2 or not all(type(v) is int for v in row):
+            raise ValueError(f"malformed runs {row!r}")
+        out.append(tuple(zip(row[::2], row[1::2], strict=True)))
+    return out
 
 
 def unpack(

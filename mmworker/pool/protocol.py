@@ -12,13 +12,15 @@ def cache_heap(worker: int) -> int:
     return CACHE_HEAPS + worker
 
 
-# Job.args["kinds"]: one letter per image frame after the input_ids frame.
+# Job.args["kinds"]: one letter per source frame after the input_ids frame (the images, then the videos).
 KIND_BYTES = "b"  # raw encoded bytes (as submitted, or as the I/O process fetched them)
 KIND_STRING = "s"  # a data: URL or base64 string, decoded on the worker (pure CPU)
-# Job.args["known"]: [[item, t, h, w, hash], ...], items the client has cached (their frames are empty);
-# Job.args["cache"]: [item, ...], items whose features go into the worker's cache partition if they fit.
+# Job.args["videos"]: how many of the trailing source frames are videos (absent: 0, an image-only job).
+# Job.args["known"]: [[item, t, h, w, hash], ...], images the client has cached (their frames are empty);
+# Job.args["cache"]: [item, ...], images whose features go into the worker's cache partition if they fit.
 # Job.args["hashes"]: [[item, hash], ...], content hashes the client computed already (keying the cache).
-ARG_KNOWN, ARG_CACHE, ARG_HASHES = "known", "cache", "hashes"
+# Videos are never cached: "known" and "cache" name images only.
+ARG_VIDEOS, ARG_KNOWN, ARG_CACHE, ARG_HASHES = "videos", "known", "cache", "hashes"
 
 
 _IO_PREFIXES = REMOTE_PREFIXES + LOCAL_PREFIXES

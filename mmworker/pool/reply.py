@@ -6,7 +6,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mmworker.errors import Outcome, UsageError
-from mmworker.pipeline import Family
+from mmworker.pipeline import IMAGE, Family
 
 
 class Lease(Protocol):
@@ -21,11 +21,13 @@ class Lease(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class ReplyItem:
-    """One image of an accepted request: its feature view, aux tensors and content hash."""
+    """One item (an image or a video) of an accepted request: its feature view, aux tensors, content
+    hash and modality ("IMAGE" or "VIDEO", SGLang's names)."""
 
     feature: np.ndarray  # read-only view into the worker's shared-memory ring
     aux: dict[str, np.ndarray]
     hash: int
+    modality: str = IMAGE
 
 
 @dataclass(eq=False)
@@ -35,9 +37,12 @@ class Reply:
     `kind` says what became of it (mmworker.errors.Outcome): ACCEPTED exactly when `ok`, else the
     kind of rejection, beside `error`, the message that names the cause.
 
-    Accepted (`ok`): `input_ids` (int64, expanded), `offsets` (inclusive, per image), `items`,
-    `positions` (int64 [3, L] M-RoPE) and `delta`, both None for a family with plain 1-D positions,
-    and `family`, which produced it (what `to_sglang` asks). Every array is a read-only view into shared
+    Accepted (`ok`): `input_ids` (int64, expanded), `items` (the images, then the videos, each in
+    request order), `offsets` (per item its inclusive span: its first placeholder token to its
+    last), `runs` (per item its inclusive placeholder runs: one for an image, one per temporal
+    patch for a Qwen3 video, whose timestamp text lies between), `positions` (int64 [3, L] M-RoPE)
+    and `delta`, both None for a family with plain 1-D positions, and `family`, which produced it
+    (what `to_sglang` asks). Every array is a read-only view into shared
     memory that stays valid until `release()` (or the end of a `with reply:` block); after that the
     worker may reuse the memory, so copy anything you keep. Or, for views handed on to code that
     drops them later, `release_on_drop()`: the memory goes back once nothing sees it any more.
@@ -50,6 +55,7 @@ class Reply:
     input_ids: np.ndarray | None = None
     offsets: list[tuple[int, int]] = field(default_factory=list)
     items: list[ReplyItem] = field(default_factory=list)
+    runs: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
     positions: np.ndarray | None = None
     delta: int | None = None
     # Where an accepted request's time went; latency_ms = queued + to_worker + busy + returned.
@@ -128,9 +134,12 @@ class Reply:
 def to_sglang(reply: Reply) -> dict[str, Any]:
     """SGLang's processor-output dict for an accepted reply, built from views (no copy, no torch).
 
-    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts: the family's `modality`, and
-    its `model_data` of each item's aux views as `model_specific_data`; each `feature` is the
-    reply's view as is, in the family's dtype: for bfloat16 features (Inkling's, a qwen_vl spec's
+    `mm_items` entries are what `MultimodalDataItem.from_dict` accepts, one per item (image or
+    video) in the reply's order: the item's `modality`, its `offsets` (its placeholder runs: one for
+    an image, one per temporal patch for a Qwen3 video), and the family's `model_data` of its aux
+    views as `model_specific_data` (Qwen: `image_grid_thw`, or `video_grid_thw` and, for Qwen2.5-VL,
+    `second_per_grid_ts`); how SGLang groups a request's videos is its caller's business. Each
+    `feature` is the reply's view as is, in the family's dtype: for bfloat16 features (Inkling's, a qwen_vl spec's
     `feature_dtype = "bfloat16"`) uint16 holding the bf16 bits, since numpy has no bfloat16 (a torch
     consumer views them with `torch.from_numpy(f).view(torch.bfloat16)`, zero-copy); the family's `token_ids`
     (`im_token_id`, `im_start_id`, ... those its spec names) sit beside them. For an M-RoPE family
@@ -144,19 +153,19 @@ def to_sglang(reply: Reply) -> dict[str, Any]:
     family = reply.family
     if family is None:
         raise UsageError(f"to_sglang: reply {reply.request_id!r} names no family (not a pool's reply)")
-    modality, model_data = family.modality, family.model_data
+    model_data = family.model_data
     items = []
-    for item, (start, end) in zip(reply.items, reply.offsets, strict=True):
+    for item, runs in zip(reply.items, reply.runs, strict=True):
         items.append(
             {
-                "modality": modality,
+                "modality": item.modality,
                 "feature": item.feature,
                 "model_specific_data": model_data(item.aux),
                 "hash": int(item.hash),
-                "offsets": [(int(start), int(end))],
+                "offsets": [(int(start), int(end)) for start, end in runs],
             }
         )
-    # The token ids let SGLang's scheduler find and pad the image tokens (pad_mm_tokens skips a
+    # The token ids let SGLang's scheduler find and pad the items' tokens (pad_mm_tokens skips a
     # modality whose token id is unknown).
     out: dict[str, Any] = {"input_ids": reply.input_ids, "mm_items": items, **family.token_ids()}
     if reply.positions is not None:

@@ -115,7 +115,7 @@ class Supervisor:
                 "worker": slot.index, "incarnation": slot.incarnation,
                 "ring": slot.segment.name, "cores": [slot.core] if slot.core is not None else None,
                 "spec": self._spec, "parent": os.getpid(), "image_cpu_s": config.image_cpu_s,
-                "memory_wait_s": config.memory_wait_s,
+                "video_cpu_s": config.video_cpu_s, "memory_wait_s": config.memory_wait_s,
                 "nice": config.worker_nice, "sched": self._plan.worker_sched, "probe": probe,
                 "cache": cache}  # fmt: skip
         slot.started = time.monotonic()

@@ -6,7 +6,7 @@ setting given: the defaults live in PoolConfig only):
 
     {"inbox_fd": fd, "results_fd": fd, "requests_fd": fd, "worker": k, "incarnation": n,
      "ring": name, "cores": [c] | null, "nice": n, "sched": "idle" | "normal",
-     "spec": {..., "family": "module:Class"}, "parent": pid, "image_cpu_s": s,
+     "spec": {..., "family": "module:Class"}, "parent": pid, "image_cpu_s": s, "video_cpu_s": s,
      "memory_wait_s": s, "probe": [address, hex] | null,
      "cache": {"fd": fd, "ring": id, "claims_fd": fd | null} | null}
 
@@ -21,13 +21,20 @@ Life: die with the parent -> pin -> load the family (the spec names its class's 
 family registered in the client at run time loads here too) and its kernels (cached numba machine
 code) on its warm-up images -> map the ring -> try the probe -> Hello -> then one job at a time:
 
-    Job(rid, inputs = places of [input_ids int64, image 0, image 1, ...], args={"kinds": "bs.."}, released)
+    Job(rid, inputs = places of [input_ids int64, image 0, ..., video 0, ...],
+        args={"kinds": "bs..", "videos": n (absent: 0)}, released)
       -> free the piggybacked releases (allocations the client gave back while this worker was idle)
-      -> driver.process(family, MmInput, alloc=ring allocator)
+      -> driver.process(family, MmInput(ids, images, videos), alloc=ring allocator)
       -> Done(tensors and meta named as mmworker.pool.naming says: input_ids, positions (M-RoPE
-              families only), each item's feature and aux tensors; offsets, hashes, delta;
-              busy_ms and started: when the job began on this host's monotonic clock)
+              families only), each item's feature and aux tensors; offsets, runs, modalities,
+              hashes, grids, delta; busy_ms and started: when the job began on this host's
+              monotonic clock)
       or Failed(reason, kind), on the results channel; the job's allocations are freed on every failure path.
+
+A video is an item like an image: its feature goes into the ring, its runs (a Qwen3 video has one
+per temporal patch) and modality into the meta. A job's CPU budget is image_cpu_s per image plus
+video_cpu_s per video. A feature larger than the whole ring fails the job at once (UNSUPPORTED),
+naming the item, its size and ring_mib.
 
 While waiting for ring space it applies Release messages (the only way space comes back), for at
 most memory_wait_s per allocation: a ring that stays full that long means its client holds
@@ -40,7 +47,8 @@ entries `claims_fd` lists (int64 offset, nbytes, seq triples), which a previous 
 made. A feature that finds no room there, even after the evictions waiting in its inbox, goes into
 the ring as usual: the reply is the same, the image just is not cached. Items a Job lists under
 "known" are cached already: the Job carries their grid and hash instead of their bytes, and the
-Done no tensor for them. Releases name the ring or the partition by its ring id.
+Done no tensor for them. Both name images only: videos are never cached. Releases name the ring or
+the partition by its ring id.
 """
 
 import json
@@ -62,13 +70,13 @@ from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, TensorDesc
 from mmworker.common import jpeg_planes
 from mmworker.corpus import encode, photo_like
-from mmworker.driver import KnownItem, MmInput, process
+from mmworker.driver import KnownItem, MmInput, item_name, process
 from mmworker.errors import BudgetExceeded, MmError, Outcome
 from mmworker.pipeline import Grid, MRope
 from mmworker.pool import naming
 from mmworker.pool.child import run_child
 from mmworker.pool.cpu_budget import CpuBudget
-from mmworker.pool.protocol import ARG_CACHE, ARG_HASHES, ARG_KNOWN, KIND_BYTES, REQUEST_RING
+from mmworker.pool.protocol import ARG_CACHE, ARG_HASHES, ARG_KNOWN, ARG_VIDEOS, KIND_BYTES, REQUEST_RING
 from mmworker.registry import pipeline_from_spec
 
 log = logging.getLogger("mmworker.worker")
@@ -81,6 +89,7 @@ class Worker:
         self.started = time.monotonic()
         self.id = int(args["worker"])
         self.image_cpu_s = float(args["image_cpu_s"])
+        self.video_cpu_s = float(args["video_cpu_s"])
         self.memory_wait_s = float(args["memory_wait_s"])
         self.budget = CpuBudget()
         self.family = pipeline_from_spec(args["spec"])
@@ -207,8 +216,9 @@ class Worker:
         t0 = time.monotonic()
         deadline = t0 + max(job.deadline_ms, 1) / 1000
         allocations = []  # (array, allocation) of this job, freed if it fails
+        images = 0  # the job's images, once its args are read (for naming an item whose feature cannot fit)
 
-        def allocator(cache: bool):
+        def allocator(cache: bool, item: int | None = None):
             def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
                 dt = np.dtype(dtype)
                 nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -217,28 +227,35 @@ class Worker:
                     allocation = self._cache_room(nbytes) if cache else None
                     writer = self.ring if allocation is None else self.cache
                     if allocation is None:
-                        allocation = self.ring.try_allocate(nbytes) or self._wait_for_room(nbytes, deadline)
+                        try:
+                            allocation = self.ring.try_allocate(nbytes) or self._wait_for_room(nbytes, deadline)
+                        except AllocationTooLarge:
+                            raise self._too_large(nbytes, item, images) from None
                     array = writer.array(allocation, dt, shape)
                     allocations.append((array, allocation))
                 return array
 
             return alloc
 
-        alloc, cache_alloc = allocator(False), allocator(True)
-        cached = set(job.args.get(ARG_CACHE) or ()) if self.cache is not None else set()
-        item_alloc = (lambda item: cache_alloc if item in cached else alloc) if cached else None
+        alloc = allocator(False)
 
-        # CPU budget: image_cpu_s of CPU per image, then BudgetExceeded strikes between two
-        # bytecodes of the computation (a long C call finishes first; the pool's wall-clock
-        # deadline covers hangs). Never outside it (mmworker.pool.cpu_budget), so never in a send,
-        # which could deliver a Done whose memory the failure path then frees. Getting the input
-        # bytes is not part of it (copying them is bounded work, as it was on the client's side).
-        images = len(job.inputs) - 1  # after the input_ids
+        # CPU budget: image_cpu_s of CPU per image and video_cpu_s per video, then BudgetExceeded
+        # strikes between two bytecodes of the computation (a long C call finishes first; the pool's
+        # wall-clock deadline covers hangs). Never outside it (mmworker.pool.cpu_budget), so never in
+        # a send, which could deliver a Done whose memory the failure path then frees. Getting the
+        # input bytes is not part of it (copying them is bounded work, as it was on the client's side).
         try:
+            images, videos = _item_counts(job)
+            cached = _cached(job.args.get(ARG_CACHE), images) if self.cache is not None else set()
+
+            def item_alloc(item: int):  # each item's own, so that a feature too large for the ring is named
+                return allocator(item in cached, item)
+
             buffers = self._inputs(job, inputs)
+            seconds = self.image_cpu_s * images + self.video_cpu_s * videos
             answer = self.budget.run(
-                self.image_cpu_s * max(1, images),
-                lambda: self._compute(job, buffers, alloc, item_alloc, allocations, t0),
+                seconds or self.image_cpu_s,  # a job without items: its driver rejects it at once
+                lambda: self._compute(job, buffers, videos, alloc, item_alloc, allocations, t0),
             )
         except (BudgetExceeded, MmError, IpcError) as exc:
             answer = Failed(job.rid, str(exc), (time.monotonic() - t0) * 1e3, _kind_of(exc))
@@ -254,6 +271,15 @@ class Worker:
         except IpcError as exc:  # e.g. a result too large for one record: still answer, as a rejection
             self._free(allocations)
             self.results.send(Failed(job.rid, f"internal error: result not sent: {exc}", kind=_INTERNAL))
+
+    def _too_large(self, nbytes: int, item: int | None, images: int) -> AllocationTooLarge:
+        """The error for a result no release can make room for: it names the item and the setting to raise."""
+        what = "a result" if item is None else f"{item_name(item, images)}: its feature"
+        capacity = self.ring.capacity
+        return AllocationTooLarge(
+            f"{what} of {nbytes} bytes is larger than the ring (worker {self.id}'s: {capacity} bytes, "
+            f"ring_mib {capacity >> 20}); no release can make room: raise ring_mib"
+        )
 
     def _cache_room(self, nbytes: int) -> Allocation | None:
         """Room in the cache partition, after applying the evictions waiting in the inbox if need
@@ -290,7 +316,9 @@ class Worker:
         except IpcError as exc:
             raise IpcError(f"internal error: job inputs not read from the client: {exc}") from exc
 
-    def _compute(self, job: Job, buffers: list[memoryview], alloc, item_alloc, allocations, t0: float) -> Done:
+    def _compute(
+        self, job: Job, buffers: list[memoryview], videos: int, alloc, item_alloc, allocations, t0: float
+    ) -> Done:
         if not buffers or len(buffers[0]) % 8:
             raise MmError(
                 f"malformed job: no input_ids, or {len(buffers[0]) if buffers else 0} bytes of them",
@@ -305,12 +333,14 @@ class Worker:
             buffer if kind == KIND_BYTES else str(buffer, "utf-8")
             for kind, buffer in zip(kinds, buffers[1:], strict=True)
         ]
-        known = _known(job.args.get(ARG_KNOWN), len(sources))
+        images = len(sources) - videos
+        known = _known(job.args.get(ARG_KNOWN), images)
         hashes = {int(item): int(value) for item, value in job.args.get(ARG_HASHES) or ()}
-        out = process(self.family, MmInput(ids, sources), alloc=alloc, item_alloc=item_alloc, known=known,
-                      hashes=hashes)  # fmt: skip
+        request = MmInput(ids, sources[:images], sources[images:])
+        out = process(self.family, request, alloc=alloc, item_alloc=item_alloc, known=known, hashes=hashes)
         tensors = {naming.INPUT_IDS: self._store(out.input_ids, alloc, allocations)}
-        meta: dict = {naming.OFFSETS: [list(o) for o in out.offsets], naming.HASHES: [i.hash for i in out.items],
+        meta: dict = {naming.OFFSETS: [list(o) for o in out.offsets], naming.RUNS: naming.pack_runs(out.runs),
+                      naming.MODALITIES: [i.modality for i in out.items], naming.HASHES: [i.hash for i in out.items],
                       naming.GRIDS: [[i.geometry.t, i.geometry.h, i.geometry.w] for i in out.items]}  # fmt: skip
         if isinstance(out.positions, MRope):  # 1-D positions: nothing to send, the scheduler uses an arange
             tensors[naming.POSITIONS] = self._store(out.positions.positions, alloc, allocations)
@@ -355,13 +385,32 @@ class Worker:
 _INTERNAL = Outcome.INTERNAL.value
 
 
-def _known(rows, items: int) -> dict[int, KnownItem]:
-    """A Job's "known" items ([[item, t, h, w, hash], ...]) by item; MmError (internal) if malformed."""
+def _item_counts(job: Job) -> tuple[int, int]:
+    """(images, videos) of a Job: its source frames (after the input_ids), the last "videos" of them
+    videos; MmError (internal) if "videos" is not a count of them."""
+    sources = max(0, len(job.inputs) - 1)
+    videos = job.args.get(ARG_VIDEOS, 0)
+    if type(videos) is not int or not 0 <= videos <= sources:
+        raise MmError(f"malformed job: videos {videos!r} of {sources} source frame(s)", kind=Outcome.INTERNAL)
+    return sources - videos, videos
+
+
+def _cached(rows, images: int) -> set[int]:
+    """A Job's "cache" items (images only: videos are never cached); MmError (internal) if malformed."""
+    if rows is None:
+        return set()
+    if not isinstance(rows, list) or not all(type(item) is int and 0 <= item < images for item in rows):
+        raise MmError(f"malformed job: cache items {rows!r} of {images} image(s)", kind=Outcome.INTERNAL)
+    return set(rows)
+
+
+def _known(rows, images: int) -> dict[int, KnownItem]:
+    """A Job's "known" items ([[item, t, h, w, hash], ...], images only) by item; MmError (internal) if malformed."""
     known = {}
     try:
         for item, t, h, w, content_hash in rows or ():
-            if not 0 <= item < items:
-                raise ValueError(f"no item {item}")
+            if not 0 <= item < images:
+                raise ValueError(f"no image {item}")
             known[int(item)] = KnownItem(int(content_hash), Grid(int(t), int(h), int(w)))
     except (TypeError, ValueError) as exc:
         raise MmError(f"malformed job: known items {rows!r}: {exc}", kind=Outcome.INTERNAL) from None
@@ -376,7 +425,7 @@ def _kind_of(exc: BaseException) -> str:
         return Outcome.MEMORY_FULL.value
     if isinstance(exc, AllocationTooLarge):  # a result larger than the whole ring: no wait can make room
         return Outcome.UNSUPPORTED.value
-    if isinstance(exc, BudgetExceeded):  # an image over its CPU budget
+    if isinstance(exc, BudgetExceeded):  # an image or video over the job's CPU budget
         return Outcome.BAD_INPUT.value
     return _INTERNAL  # an IpcError of this worker's own machinery
 
