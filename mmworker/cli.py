@@ -7,6 +7,7 @@ measured). Errors in the requests themselves are reported the same way (one line
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -27,8 +28,8 @@ EXIT_INTERRUPTED = 130
 _AS_GIVEN = ("http://", "https://", "file://", "data:", "/")
 
 
-def image_source(index: int, text: str) -> str:
-    """A command-line image argument as a source the media layer takes.
+def media_source(index: int, text: str, what: str = "image") -> str:
+    """A command-line image argument (or, with `what` "video", a video's) as a source the media layer takes.
 
     The library reads anything that is not a URL or an absolute path as base64 (sglang-mm's rule),
     so a relative path would fail as "base64 decode: Invalid symbol ..." On a command line a
@@ -44,8 +45,26 @@ def image_source(index: int, text: str) -> str:
     try:
         base64_decode(text.strip())
     except MmError:
-        raise MmError(f"image {index}: media fetch: {text}: No such file or directory") from None
+        raise MmError(f"{what} {index}: media fetch: {text}: No such file or directory") from None
     return text
+
+
+def video_refusal(family: "Family", name: str) -> str | None:
+    """Why `family` (of the spec `name`) cannot be sent videos, for a message; None if it can.
+
+    A spec that lacks a key for videos says which (its capabilities' note); the Qwen3 specs are
+    bundled without the timestamp table, which only the checkpoint's tokenizer gives.
+    """
+    if importlib.util.find_spec("av") is None:
+        return "videos need PyAV, the `video` extra: pip install 'mmworker[video]'"
+    capabilities = family.capabilities()
+    if capabilities.video:
+        return None
+    refusal = f"spec {name} serves no videos"
+    if "timestamp_table" in capabilities.note:
+        return (f"{refusal}: {capabilities.note}; write the spec to a JSON file with that key added (a list of "
+                f"token ids per piece) and pass it with --spec FILE")  # fmt: skip
+    return f"{refusal}: {capabilities.note}" if capabilities.note else f"{refusal} ({family.describe()})"
 
 
 def read_spec_file(path: str) -> dict:
@@ -105,7 +124,7 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         label = args.source
         t0 = time.perf_counter()
-        data = fetch_bytes(image_source(0, args.source))
+        data = fetch_bytes(media_source(0, args.source))
         print(f"fetched {len(data)} bytes in {(time.perf_counter() - t0) * 1e3:.2f} ms")
 
     def timed(fn):
@@ -127,26 +146,98 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ItemClock:
+    """When the driver reaches each item and then the prompt, for the time each item took (its hash,
+    decode and the family's work): the driver asks for item k's allocator just before item k's hash,
+    and lays out the prompt after the last item, so item k's time runs from its allocator to the
+    next item's, or to the layout. A stand-in for the family that passes everything on."""
+
+    def __init__(self, family: "Family") -> None:
+        self._family = family
+        self.marks: list[float] = []  # per item, then the layout: time.perf_counter() on arrival
+
+    def __getattr__(self, name: str):
+        return getattr(self._family, name)
+
+    def alloc(self, index: int):
+        from mmworker.pipeline import numpy_allocator
+
+        self.marks.append(time.perf_counter())
+        return numpy_allocator
+
+    def layout(self, input_ids, geometries):
+        self.marks.append(time.perf_counter())
+        return self._family.layout(input_ids, geometries)
+
+    def item_ms(self, index: int) -> float:
+        return (self.marks[index + 1] - self.marks[index]) * 1e3
+
+
+def _runs_text(runs) -> str:
+    """An item's placeholder runs: "at (s, e)" for one, else their count, first and last."""
+    if len(runs) == 1:
+        return f"at {tuple(runs[0])}"
+    return f"in {len(runs)} runs, first {tuple(runs[0])}, last {tuple(runs[-1])}"
+
+
+def _timing_text(geometry) -> str:
+    """A video's timing as its family's prompt uses it: Qwen2.5-VL's seconds per temporal patch,
+    Qwen3's timestamps."""
+    parts = []
+    if geometry.second_per_grid is not None:
+        parts.append(f"second_per_grid {geometry.second_per_grid:.6g} s")
+    stamps = geometry.timestamps
+    if stamps:
+        shown = ", ".join(f"{t:.1f}" for t in stamps) if len(stamps) <= 6 else (
+            f"{', '.join(f'{t:.1f}' for t in stamps[:3])}, ..., {stamps[-1]:.1f}")  # fmt: skip
+        parts.append(f"timestamps {shown} s ({len(stamps)}, one per temporal patch)")
+    return "; ".join(parts) or "no timing (this model's positions do not use it)"
+
+
 def _process(args: argparse.Namespace) -> int:
     """Run one request through the driver and describe what the scheduler would receive."""
-    from mmworker.driver import MmInput, process
-    from mmworker.pipeline import MRope
+    from mmworker.common.fetch import fetch_bytes
+    from mmworker.driver import MmInput, item_name, process
+    from mmworker.pipeline import MRope, VideoGrid
 
+    if not args.sources and not args.videos:
+        raise MmError("process: give at least one image, or a video with --video")
     family = family_from_args(args)
-    sources = [image_source(i, s) for i, s in enumerate(args.sources)]
-    # By default the prompt is the family's tokens for one image, once per image.
-    ids = args.prompt_ids if args.prompt_ids is not None else list(family.image_prompt()) * len(sources)
+    if args.videos:
+        refusal = video_refusal(family, args.spec or args.family)
+        if refusal:
+            raise MmError(f"--video: {refusal}")
+    sources = [media_source(i, s) for i, s in enumerate(args.sources)]
+    videos = [media_source(i, s, "video") for i, s in enumerate(args.videos)]
+    # By default the prompt is the family's tokens for one image, once per image, then for one video, once per video.
+    ids = args.prompt_ids
+    if ids is None:
+        ids = list(family.image_prompt()) * len(sources) + (list(family.video_prompt()) * len(videos) if videos else [])
+    fetched = [0.0]
+
+    def timed_fetch(*fetch_args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fetch_bytes(*fetch_args, **kwargs)
+        finally:
+            fetched[0] += time.perf_counter() - t
+
+    clock = _ItemClock(family)
     t0 = time.perf_counter()
-    out = process(family, MmInput(ids, sources))
+    out = process(clock, MmInput(ids, sources, videos), item_alloc=clock.alloc, fetch=timed_fetch)
     elapsed = (time.perf_counter() - t0) * 1e3
     print(f"spec {args.spec or args.family}: {family.describe()}")
-    for i, (item, offsets) in enumerate(zip(out.items, out.offsets, strict=True)):
+    for i, (item, runs) in enumerate(zip(out.items, out.runs, strict=True)):
         g = item.geometry
         grid = f"grid {g.t}x{g.h}x{g.w}, " if g is not None else ""
-        print(f"image {i}: {grid}{offsets[1] - offsets[0] + 1} tokens at {offsets}, "
-              f"hash {item.hash:#018x}, feature {item.feature.dtype}{list(item.feature.shape)}")  # fmt: skip
+        tokens = sum(end - start + 1 for start, end in runs)
+        print(f"{item_name(i, len(sources))}: {grid}{tokens} tokens {_runs_text(runs)}, hash {item.hash:#018x}, "
+              f"feature {item.feature.dtype}{list(item.feature.shape)}, {clock.item_ms(i):.1f} ms")  # fmt: skip
+        if isinstance(g, VideoGrid):
+            print(f"  {_timing_text(g)}")
     positions = f"M-RoPE delta {out.positions.delta}" if isinstance(out.positions, MRope) else "1-D positions"
-    print(f"prompt {len(ids)} -> {len(out.input_ids)} token(s), {positions}, {elapsed:.1f} ms")
+    fetch = f" (fetching {fetched[0] * 1e3:.1f} ms)" if fetched[0] else ""
+    print(f"prompt {len(ids)} -> {len(out.input_ids)} token(s), {positions}, {elapsed:.1f} ms{fetch}")
     return 0
 
 
@@ -205,13 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--size", type=int, nargs=2, metavar=("W", "H"), help="resize target (default ~2x)")
     demo.set_defaults(run=_demo)
 
-    proc = sub.add_parser("process", help="preprocess one request (images + prompt ids) and describe it")
-    proc.add_argument("sources", nargs="+", metavar="IMAGE_OR_URL", help="path, URL, data: URL or base64")
+    proc = sub.add_parser("process", help="preprocess one request (images, videos, prompt ids) and describe it")
+    proc.add_argument("sources", nargs="*", metavar="IMAGE_OR_URL", help="path, URL, data: URL or base64")
+    proc.add_argument("--video", dest="videos", action="append", default=[], metavar="VIDEO_OR_URL",
+                      help="a video: path, URL, data: URL or base64 (repeatable; needs a spec that serves videos, "
+                           "e.g. qwen2_vl or qwen2_5_vl)")  # fmt: skip
     which = proc.add_mutually_exclusive_group()
     which.add_argument("--family", default="qwen2_vl", help=family_help())
     which.add_argument("--spec", help='JSON spec file (a spec object, with its "family")')
     proc.add_argument("--prompt-ids", type=_int_list,
-                      help="prompt token ids (default: the family's tokens for one image, once per image)")  # fmt: skip
+                      help="prompt token ids (default: the family's tokens for one image, once per image, then "
+                           "for one video, once per video)")  # fmt: skip
     proc.set_defaults(run=_process)
 
     load = sub.add_parser(

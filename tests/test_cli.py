@@ -1,7 +1,9 @@
-"""The `mmworker` command, run as a user runs it (a subprocess): demo, process, plan, --version,
-`python -m mmworker`, every mistake ending in one line and exit status 2 before any work starts,
-Ctrl-C during a load test, the first run's corpus generation, and a family other than Qwen's."""
+"""The `mmworker` command, run as a user runs it (a subprocess): demo, process (images and videos),
+plan, --version, `python -m mmworker`, every mistake ending in one line and exit status 2 before any
+work starts, Ctrl-C during a load test, the first run's corpus generation, and a family other than
+Qwen's."""
 
+import base64
 import json
 import os
 import signal
@@ -17,6 +19,9 @@ import pytest
 from processes import all_end_within, ended, line_within, segments_of
 
 from mmworker.corpus import encode, photo_like
+from mmworker.driver import MmInput, item_name, process
+from mmworker.qwen_vl import NAMED_SPECS, QwenVL
+from mmworker.qwen_vl.video_layout import TIMESTAMP_PIECES
 from mmworker.runtime import TUNED_ENV, is_tuned, tuned_environ
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,6 +157,82 @@ def test_process_a_relative_path_and_the_inkling_family(tmp_path):
     assert "prompt 3 -> 79 token(s), M-RoPE delta -66" in result.stdout
 
 
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Two small clips made with PyAV (no ffmpeg command line): H.264 in MP4 (or MPEG-4 part 2 where
+    PyAV's FFmpeg has no libx264) and MJPEG in AVI, 2 and 3 s."""
+    pytest.importorskip("av", reason="the `video` extra (PyAV) is not installed: pip install -e '.[video]'")
+    from mmworker.loadtest.clips import ClipRecipe, available_codec, encode_clip
+
+    directory = tmp_path_factory.mktemp("clips")
+    codec, ext = available_codec(ClipRecipe("cli", (("libx264", "mp4"), ("mpeg4", "mp4")), 0, 0, 0, 0))
+    first = directory / f"pan.{ext}"
+    first.write_bytes(encode_clip(codec, ext, 320, 180, 25, 2.0, seed=5))
+    second = directory / "cam.avi"
+    second.write_bytes(encode_clip("mjpeg", "avi", 160, 96, 15, 3.0, seed=6))
+    return first, second
+
+
+def _expected_lines(family, ids: list[int], images: list, videos: list) -> list[str]:
+    """What `process` must print per item (its time apart), from the same request run here."""
+    out = process(family, MmInput(ids, images, videos))
+    lines = []
+    for i, (item, runs) in enumerate(zip(out.items, out.runs, strict=True)):
+        g = item.geometry
+        tokens = sum(e - s + 1 for s, e in runs)
+        where = f"at {runs[0]}" if len(runs) == 1 else f"in {len(runs)} runs, first {runs[0]}, last {runs[-1]}"
+        lines.append(f"{item_name(i, len(images))}: grid {g.t}x{g.h}x{g.w}, {tokens} tokens {where}, "
+                     f"hash {item.hash:#018x}, feature {item.feature.dtype}{list(item.feature.shape)}, ")  # fmt: skip
+    return lines
+
+
+def test_process_describes_images_and_videos(tmp_path, clips):
+    # An image and two videos (a path, a data: URL), the default prompt: each item as the driver
+    # computes it, the videos' timing, and the prompt in the order image, video, video.
+    first, second = clips
+    image = tmp_path / "img.jpg"
+    image.write_bytes(encode(photo_like(640, 480, seed=4), "JPEG"))
+    data_url = "data:video/x-msvideo;base64," + base64.b64encode(second.read_bytes()).decode()
+    result = run_cli("process", "--family", "qwen2_5_vl", str(image), "--video", str(first), "--video", data_url)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    family = QwenVL.from_spec(NAMED_SPECS["qwen2_5_vl"])
+    ids = [*family.image_prompt(), *family.video_prompt() * 2]
+    expected = _expected_lines(family, ids, [image.read_bytes()], [first.read_bytes(), second.read_bytes()])
+    assert lines[1].startswith(expected[0]) and lines[1].endswith(" ms"), (lines, expected)
+    assert lines[2].startswith(expected[1]) and lines[3] == "  second_per_grid 0.0833333 s", lines
+    assert lines[4].startswith(expected[2]) and lines[5] == "  second_per_grid 0.0833333 s", lines
+    # 2 s and 3 s, sampled at 2 frames a second, two frames a temporal patch
+    assert "video 0: grid 2x" in lines[2] and "video 1: grid 3x" in lines[4]
+    assert lines[6].startswith("prompt 9 -> ") and "M-RoPE delta" in lines[6] and "(fetching" in lines[6]
+    # A video alone, the default family (qwen2_vl: no timing in its positions), a relative path.
+    result = run_cli("process", "--video", first.name, cwd=str(first.parent))
+    assert result.returncode == 0, result.stderr
+    family = QwenVL.from_spec(NAMED_SPECS["qwen2_vl"])
+    expected = _expected_lines(family, list(family.video_prompt()), [], [first.read_bytes()])
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith(expected[0]) and lines[2] == "  no timing (this model's positions do not use it)"
+    assert lines[3].startswith("prompt 3 -> ")
+
+
+def test_process_a_qwen3_video_with_a_timestamp_table(tmp_path, clips):
+    # Qwen3's bundled specs have no timestamp table (only the checkpoint's tokenizer gives one): with
+    # one added to a spec file, a video is one run per temporal patch, its timestamps between.
+    table = {piece: [1000 + k] if len(piece) == 1 else [2000, 2001] for k, piece in enumerate(TIMESTAMP_PIECES)}
+    spec = {**NAMED_SPECS["qwen3_vl"], "family": "qwen_vl", "timestamp_table": table}
+    path = tmp_path / "qwen3.json"
+    path.write_text(json.dumps(spec))
+    _, second = clips
+    result = run_cli("process", "--spec", str(path), "--video", str(second))
+    assert result.returncode == 0, result.stderr
+    family = QwenVL.from_spec(spec)
+    [expected] = _expected_lines(family, list(family.video_prompt()), [], [second.read_bytes()])
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith(expected) and " in 3 runs, first " in lines[1], (lines, expected)
+    # 45 frames at 15 fps, frames 0, 8, 17, 26, 35, 44 sampled: each pair's mean time
+    assert lines[2] == "  timestamps 0.3, 1.4, 2.6 s (3, one per temporal patch)", lines
+
+
 def _mistakes(tmp: Path, corpus: Path) -> list[tuple[list[str], str]]:
     (tmp / "notes.txt").write_text("these are notes, not a spec\n")
     (tmp / "list.json").write_text("[1, 2]")
@@ -172,6 +253,12 @@ def _mistakes(tmp: Path, corpus: Path) -> list[tuple[list[str], str]]:
         (["process", "--spec", str(tmp / "notes.txt"), "x.jpg"], f"--spec {tmp}/notes.txt: not a JSON spec"),
         (["process", "--spec", str(tmp / "list.json"), "x.jpg"], "a JSON object is expected, not list"),
         (["process", "nope.jpg"], "image 0: media fetch: nope.jpg: No such file or directory"),
+        (["process", "--video", "nope.mp4"], "video 0: media fetch: nope.mp4: No such file or directory"),
+        (["process"], "process: give at least one image, or a video with --video"),
+        (["process", "--family", "inkling", "--video", "v.mp4"], "--video: spec inkling serves no videos (inkling: "),
+        (["process", "--family", "qwen3_vl", "--video", "v.mp4"],
+         "--video: spec qwen3_vl serves no videos: qwen3_vl needs the spec's `timestamp_table`"),
+        (["process", "--family", "qwen3_5", "--video", "v.mp4"], "pass it with --spec FILE"),
         (["demo", "nope.jpg"], "media fetch: nope.jpg: No such file or directory"),
     ]  # fmt: skip
 

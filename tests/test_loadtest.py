@@ -22,7 +22,7 @@ from mmworker.registry import pipeline_from_spec
 
 REPORT_KEYS = {"version", "machine", "config", "duration_s", "measured_s", "interrupted", "requests", "warmup_requests",
                "throughput", "latency_ms", "latency_parts_ms", "workers", "client", "cache", "shm", "rejects_by_kind",
-               "verify", "restarts", "ok", "failures"}  # fmt: skip
+               "verify", "restarts", "ok", "failures", "videos"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,11 @@ def loadtest(*args, timeout=240):
      (["--repeat-fraction", "1.01"], "--repeat-fraction must be within 0..1, got 1.01"),
      (["--repeat-fraction", "-0.5"], "--repeat-fraction must be within 0..1, got -0.5"),
      (["--family", "llava"], "unknown named spec 'llava'"),
-     (["--family", "inkling", "--max-pixels", "4096"], "spec inkling has no max_pixels to override")],
+     (["--family", "inkling", "--max-pixels", "4096"], "spec inkling has no max_pixels to override"),
+     (["--video-fraction", "1.5"], "--video-fraction must be within 0..1, got 1.5"),
+     (["--video-fraction", "0.1", "--family", "inkling"], "loadtest: --video-fraction: spec inkling serves no videos"),
+     (["--video-fraction", "0.1", "--family", "qwen3_5"],
+      "loadtest: --video-fraction: spec qwen3_5 serves no videos: qwen3_5 needs the spec's `timestamp_table`")],
 )  # fmt: skip
 def test_bad_options_are_refused_before_anything_starts(args, message, corpus):
     result = loadtest("--corpus", str(corpus), *args, timeout=60)
@@ -66,7 +70,7 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
                       "--verify", "8", "--json", str(report), "--plot", str(png), "--compare-inline")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(report.read_text())
-    assert set(doc) >= REPORT_KEYS and doc["version"] == 3 and doc["ok"] is True and doc["interrupted"] is False
+    assert set(doc) >= REPORT_KEYS and doc["version"] == 4 and doc["ok"] is True and doc["interrupted"] is False
     r = doc["requests"]
     assert r["submitted"] == r["answered"] == 60 and r["lost"] == 0 and r["duplicated"] == 0
     assert doc["warmup_requests"]["submitted"] == 0
@@ -92,6 +96,10 @@ def test_short_run_report_schema_and_plot(corpus, tmp_path):
         assert (31, 119, 180) in colours and (214, 39, 40) in colours
     assert "PASS" in result.stdout and "lost / duplicated" in result.stdout
     assert "hit rate 0.0% (0 hits," in result.stdout
+    # Without --video-fraction: no video anywhere, and the terminal report says nothing of them.
+    videos = doc["videos"]
+    assert videos["fraction"] == 0 and videos["requests"]["submitted"] == 0 and videos["videos_sent"] == 0
+    assert doc["throughput"]["videos_per_s"] == 0 and "video" not in result.stdout
     assert f"wrote report to {report}\n" in result.stdout and f"wrote plot to {png}\n" in result.stdout
 
 

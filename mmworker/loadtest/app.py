@@ -1,18 +1,19 @@
 """The `mmworker loadtest` command: its options, the run sequence, and the exit status.
 
-Sequence: check every option -> corpus (generated on first use, in a process of its own) -> media
-server (127.0.0.1, own process) and a scratch directory (the files of path sources: see
-mmworker.loadtest.workload) -> for each worker count (one, or the --sweep-workers list): pool ->
-load -> verify K sampled replies in process -> report; then the JSON report and the plot; the
-scratch directory goes.
+Sequence: check every option -> corpus (generated on first use, in a process of its own; the video
+clips too with --video-fraction) -> media server (127.0.0.1, own process) and a scratch directory
+(the files of path sources: see mmworker.loadtest.workload) -> for each worker count (one, or the
+--sweep-workers list): pool -> load -> verify K sampled replies in process -> report; then the JSON
+report and the plot; the scratch directory goes.
 
 Every option is checked before anything starts (output paths writable, corpus present, list values
 valid, the spec readable): a mistake costs no run. Exit 0 only if nothing was lost, duplicated or
 corrupted and every deliberately bad request was rejected for its reason; 1 otherwise; 2 for bad
 options; 130 when Ctrl-C stopped the run, after the report of what ran.
 
-Nothing here knows a family: prompts come from `Family.image_prompt`, the description from
-`Family.describe`, and a spec's `max_pixels` is overridden only for specs that have one.
+Nothing here knows a family: prompts come from `Family.image_prompt` and `Family.video_prompt`,
+whether videos may be sent from `Family.capabilities`, the description from `Family.describe`, and a
+spec's `max_pixels` is overridden only for specs that have one.
 """
 
 import argparse
@@ -25,10 +26,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-from mmworker.cli import EXIT_INTERRUPTED, family_help, read_spec_file, writable_file
+from mmworker.cli import EXIT_INTERRUPTED, family_help, read_spec_file, video_refusal, writable_file
 from mmworker.driver import MmInput, process
 from mmworker.errors import MmError
+from mmworker.loadtest import clips as clips_mod
 from mmworker.loadtest import corpus as corpus_mod
 from mmworker.loadtest.report import build_report, plot, plural, print_report
 from mmworker.loadtest.runner import Interrupt, Runner, digest_parts
@@ -63,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     work.add_argument("--repeat-fraction", type=float, default=0.0,
                       help="share of images that repeat one sent earlier, byte for byte (default 0: every image "
                            "is distinct)")  # fmt: skip
+    work.add_argument("--video-fraction", type=float, default=0.0,
+                      help="share of requests that carry one video (and 0-1 image), from built-in clips; needs a "
+                           "spec that serves videos, e.g. qwen2_vl (default 0: images only)")  # fmt: skip
     work.add_argument("--seed", type=int, default=0)
     pool = p.add_argument_group("pool")
     which = pool.add_mutually_exclusive_group()
@@ -149,6 +155,7 @@ def check(args: argparse.Namespace) -> Options:
     kinds = parse_sources(args.sources)
     check_fraction("--bad-fraction", args.bad_fraction)
     check_fraction("--repeat-fraction", args.repeat_fraction)
+    check_fraction("--video-fraction", args.video_fraction)
     for option in ("json", "plot"):
         if getattr(args, option):
             writable_file(f"--{option}", getattr(args, option))
@@ -160,6 +167,10 @@ def check(args: argparse.Namespace) -> Options:
         family = pipeline_from_spec(spec)
     except MmError as exc:
         raise MmError(f"loadtest: {'--spec ' + args.spec if args.spec else 'spec ' + spec_name}: {exc}") from exc
+    if args.video_fraction:
+        refusal = video_refusal(family, args.spec or args.family)
+        if refusal:
+            raise MmError(f"loadtest: --video-fraction: {refusal}")
     base_config = PoolConfig.from_any(args.config)
     for count in counts:  # a worker count this machine cannot place fails now, not after earlier runs
         _pool_config(base_config, count, {}).plan()
@@ -192,14 +203,16 @@ def _tilde(path: Path) -> str:
     return "~" + text[len(home) :] if home != "/" and text.startswith(home + os.sep) else text
 
 
-def _default_corpus(seed: int, interrupt: Interrupt) -> Path | None:
-    """The built-in corpus's directory, generated first if need be (None: Ctrl-C stopped that)."""
-    directory = corpus_mod.default_dir(seed)
-    if corpus_mod.is_complete(directory):
+def _default_corpus(seed: int, interrupt: Interrupt, module: ModuleType = corpus_mod,
+                    what: str = "image corpus") -> Path | None:  # fmt: skip
+    """The built-in corpus's directory (`module`'s: the images', or the video clips' with
+    mmworker.loadtest.clips), generated first if need be (None: Ctrl-C stopped that)."""
+    directory = module.default_dir(seed)
+    if module.is_complete(directory):
         return directory
-    print(f"generating the image corpus in {_tilde(directory)} (first run only)", flush=True)
+    print(f"generating the {what} in {_tilde(directory)} (first run only)", flush=True)
     # Its own process group: a terminal's Ctrl-C reaches this process only, which stops it.
-    proc = subprocess.Popen([sys.executable, "-m", "mmworker.loadtest.corpus", str(directory), str(seed)],
+    proc = subprocess.Popen([sys.executable, "-m", module.__name__, str(directory), str(seed)],
                             process_group=0)  # fmt: skip
     try:
         while True:
@@ -214,14 +227,15 @@ def _default_corpus(seed: int, interrupt: Interrupt) -> Path | None:
             proc.kill()
             proc.wait()
     if status != 0:
-        raise MmError(f"loadtest: generating the corpus in {directory} failed (exit status {status})")
+        raise MmError(f"loadtest: generating the {what} in {directory} failed (exit status {status})")
     return directory
 
 
-def _start_media_server(directory: Path) -> tuple[subprocess.Popen, str]:
+def _start_media_server(directory: Path, videos: Path | None) -> tuple[subprocess.Popen, str]:
     # Its own process group: a terminal's Ctrl-C reaches the load test, which stops the server.
-    proc = subprocess.Popen([sys.executable, "-m", "mmworker.loadtest.mediaserver", str(directory), str(os.getpid())],
-                            stdout=subprocess.PIPE, text=True, process_group=0)  # fmt: skip
+    extra = [str(videos)] if videos else []
+    proc = subprocess.Popen([sys.executable, "-m", "mmworker.loadtest.mediaserver", str(directory), str(os.getpid()),
+                             *extra], stdout=subprocess.PIPE, text=True, process_group=0)  # fmt: skip
     port = proc.stdout.readline().strip()
     if not port.isdigit():
         proc.kill()
@@ -234,7 +248,7 @@ def _start_media_server(directory: Path) -> tuple[subprocess.Popen, str]:
 def _in_process(family: Family, workload: Workload, spec):
     """`spec` run in this process, with the same sources as it was submitted with."""
     try:
-        return process(family, MmInput(spec.input_ids, workload.acquire(spec)))
+        return process(family, MmInput(spec.input_ids, workload.acquire(spec), workload.video_sources(spec)))
     finally:
         workload.release(spec)
 
@@ -249,7 +263,7 @@ def _verify(result, family: Family, workload: Workload, interrupt: Interrupt) ->
         out = _in_process(family, workload, spec)
         delta = getattr(out.positions, "delta", None)
         positions = getattr(out.positions, "positions", None)
-        if digest_parts(out.input_ids, out.offsets, positions, delta, out.items) != digest:
+        if digest_parts(out.input_ids, out.offsets, positions, delta, out.items, out.runs) != digest:
             mismatches.append(index)
         checked += 1
     return checked, mismatches
@@ -314,10 +328,17 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
         if directory is None:
             return [], None
     images = corpus_mod.load(directory)
+    clips: list[clips_mod.CorpusClip] = []
+    clip_dir = None
+    if args.video_fraction:
+        clip_dir = _default_corpus(args.seed, interrupt, clips_mod, "video clips")
+        if clip_dir is None:
+            return [], None
+        clips = clips_mod.load(clip_dir)
     family = options.family
     scratch = Path(tempfile.mkdtemp(prefix=f"mmworker-loadtest-{os.getpid()}-")).resolve()
     try:
-        server, base_url = _start_media_server(directory)
+        server, base_url = _start_media_server(directory, clip_dir)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -328,7 +349,7 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
         media = dict(options.base_config.media or {})
         media["allowed_networks"] = [*media.get("allowed_networks", []), "127.0.0.1/32"]
         media["allowed_local_roots"] = [*media.get("allowed_local_roots", []), str(directory.resolve()),
-                                        str(scratch)]  # fmt: skip
+                                        str(scratch), *([str(clip_dir.resolve())] if clip_dir else [])]  # fmt: skip
         for count in options.counts:
             if interrupt.requested:
                 break
@@ -338,8 +359,9 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
                     break
                 workers = len(pool.worker_pids())
                 workload = Workload(images, family.image_prompt(), options.images_per_request, options.kinds,
-                                    args.bad_fraction, base_url, args.seed, args.repeat_fraction,
-                                    scratch)  # fmt: skip
+                                    args.bad_fraction, base_url, args.seed, args.repeat_fraction, scratch,
+                                    clips=clips, video_prompt=family.video_prompt() if clips else (),
+                                    video_fraction=args.video_fraction)  # fmt: skip
                 runner = Runner(pool, workload, verify=args.verify, seed=args.seed, corrupt_sample=args.corrupt_sample)
                 concurrency = None if args.rate else (args.concurrency or 2 * workers)
                 result = runner.run(concurrency=concurrency, rate=args.rate, duration=options.duration,
@@ -359,8 +381,8 @@ def _runs(args: argparse.Namespace, options: Options, interrupt: Interrupt) -> t
                 "spec": options.spec, "duration_s": options.duration, "requests": args.requests,
                 "warmup_s": args.warmup, "images_per_request": args.images_per_request, "sources": list(options.kinds),
                 "bad_fraction": args.bad_fraction, "repeat_fraction": args.repeat_fraction, "seed": args.seed,
-                "corpus": str(directory),
-                "corpus_images": len(images), "pool": vars(config),
+                "corpus": str(directory), "corpus_images": len(images), "video_fraction": args.video_fraction,
+                "video_corpus": str(clip_dir) if clip_dir else None, "video_clips": len(clips), "pool": vars(config),
             }  # fmt: skip
             report = build_report(result, config=config_doc, pool_stats=stats, worker_pids=pids,
                                   ring_mib=config.ring_mib, verified=checked, mismatches=mismatches,

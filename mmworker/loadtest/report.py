@@ -1,6 +1,6 @@
 """The load test's report: figures from the tally, the terminal table, the JSON document, the plot, the verdict.
 
-JSON schema (version 3), all times in ms unless named *_s:
+JSON schema (version 4), all times in ms unless named *_s:
     machine {cpus, allowed_cpus, cpu_model, python, pillow, numpy, kernel}
     config  {...the run's options..., family (its description)}
     duration_s, measured_s, interrupted (Ctrl-C stopped the run: the figures are of what ran)
@@ -10,12 +10,12 @@ JSON schema (version 3), all times in ms unless named *_s:
         of; `duplicated` counts answers of the whole run; `abandoned`, those still in flight when
         an interrupted run stopped waiting
     warmup_requests {the same but duplicated, rejects_by_kind}: the requests submitted during the warm-up
-    throughput {requests_per_s, images_per_s}
+    throughput {requests_per_s, images_per_s, videos_per_s (new in 4)}
     latency_ms {mean, p50, p90, p99, p99.9, max} (percentiles within 0.05%: mmworker.loadtest.tally)
     latency_parts_ms {queued, to_worker, busy, returned: {mean, p50, ...}}: the latency of every
         accepted request is the sum of its four parts (mmworker.pool.Reply), so the means add up
-    workers [{index, pid, cpu_utilisation, requests, images}]: requests answered from the cache
-        (cache.latency_ms.all_hit) are on no worker
+    workers [{index, pid, cpu_utilisation, requests, images, videos (new in 4)}]: requests answered
+        from the cache (cache.latency_ms.all_hit) are on no worker
     cache {enabled, hits, misses, hit_rate (hits / (hits + misses); null without lookups),
            deduplicated, evictions: the pool's counters over the measured phase (from the first
                measured submission on: the warm-up's lookups left out);
@@ -25,7 +25,16 @@ JSON schema (version 3), all times in ms unless named *_s:
                earlier one (bad requests' images are all fresh; "too_many" sends 65 that are never
                looked up);
            latency_ms {all_hit, others: {count, p50, p90, p99}}: accepted measured requests whose
-               images all came from the cache (answered with no worker), and the rest}
+               images all came from the cache (answered with no worker, so never one with a
+               video), and the rest}
+    videos (new in 4) {fraction (--video-fraction), clips (in the video corpus; 0 without videos),
+           requests {the `requests` counters but duplicated}: the measured requests that carry a
+               video, good or deliberately bad (video_corrupt, video_truncated), also counted in
+               `requests`;
+           rejects_by_kind {Outcome value: count} of those;
+           videos_sent: the videos of the measured good requests, as submitted;
+           latency_ms {video, image_only: {count, mean, p50, p90, p99, max}}: accepted measured
+               requests with a video, and without}
     client {cpu_utilisation, cpu_ms_per_request, peak_rss_mb (private), peak_rss_incl_shared_mb}
     shm {ring_mib, peak_held_mb}
     rejects_by_kind {Outcome value (mmworker.errors.Outcome): count} of the measured requests
@@ -34,6 +43,9 @@ JSON schema (version 3), all times in ms unless named *_s:
     rss_mb {samples [[s, MB]], peak, and for runs >= 3 min: second_minute_mean, last_minute_mean, growth_pct}
     inline (with --compare-inline) {requests, requests_per_s, pool_speedup}
     ok, failures [...]: the verdict's checks cover the warm-up requests too
+
+Version 4 added `videos`, `throughput.videos_per_s` and `workers[].videos`; `print_report` reads
+version 3 reports too (without those it prints no video rows).
 
 The plot is drawn with Pillow alone: matplotlib would pull in plain Pillow and replace pillow-simd.
 """
@@ -49,7 +61,7 @@ from PIL import Image, ImageDraw, ImageFont
 from mmworker.loadtest.runner import RunResult
 from mmworker.loadtest.tally import LATENCY_PARTS
 
-REPORT_VERSION = 3
+REPORT_VERSION = 4
 
 
 def plural(n: int, noun: str) -> str:
@@ -111,6 +123,7 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
         "throughput": {
             "requests_per_s": measured.accepted / measured_s,
             "images_per_s": tally.measured_images / measured_s,
+            "videos_per_s": tally.measured_videos / measured_s,
         },
         "latency_ms": tally.latency.summary(),
         "latency_parts_ms": {name: tally.parts[name].summary() for name in LATENCY_PARTS},
@@ -121,6 +134,7 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
                 "cpu_utilisation": result.worker_cpu_s.get(k, 0.0) / wall,
                 "requests": tally.per_worker.get(k, 0),
                 "images": tally.per_worker_images.get(k, 0),
+                "videos": tally.per_worker_videos.get(k, 0),
             }
             for k, pid in enumerate(worker_pids)
         ],
@@ -133,6 +147,7 @@ def build_report(result: RunResult, *, config: dict, pool_stats, worker_pids: li
             "peak_rss_incl_shared_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         },
         "cache": _cache_summary(result, pool_stats, config.get("repeat_fraction", 0.0)),
+        "videos": _video_summary(result, config),
         "shm": {"ring_mib": ring_mib, "peak_held_mb": pool_stats.shm_peak_held_bytes / 2**20},
         "rejects_by_kind": dict(measured.rejects_by_kind.most_common()),
         "verify": {"checked": verified, "mismatches": len(mismatches)},
@@ -170,6 +185,22 @@ def _cache_summary(result: RunResult, pool_stats, repeat_fraction: float) -> dic
         "capacity_bytes": getattr(pool_stats, "cache_capacity_bytes", 0), "repeat_fraction": repeat_fraction,
         "good_images_sent": tally.sent_images, "repeated_images": tally.sent_repeats,
         "latency_ms": {"all_hit": latency(tally.latency_all_hit), "others": latency(tally.latency_others)},
+    }  # fmt: skip
+
+
+def _video_summary(result: RunResult, config: dict) -> dict:
+    """The report's `videos` (the module docstring): the measured requests with a video, apart."""
+    tally = result.tally
+
+    def latency(histogram) -> dict:
+        summary = histogram.summary()
+        return {"count": histogram.n, **{k: summary[k] for k in ("mean", "p50", "p90", "p99", "max")}}
+
+    return {
+        "fraction": config.get("video_fraction", 0.0), "clips": config.get("video_clips", 0),
+        "requests": tally.video.as_dict(), "rejects_by_kind": dict(tally.video.rejects_by_kind.most_common()),
+        "videos_sent": tally.sent_videos,
+        "latency_ms": {"video": latency(tally.latency_video), "image_only": latency(tally.latency_image_only)},
     }  # fmt: skip
 
 
@@ -212,7 +243,10 @@ def print_report(report: dict) -> None:
                          f"{plural(cfg['workers'], 'worker')}, spec {cfg['spec_name']}")  # fmt: skip
     if "family" in cfg:
         table.add_row("family", cfg["family"])
-    table.add_row("throughput", f"{thr['requests_per_s']:.1f} requests/s, {thr['images_per_s']:.1f} images/s")
+    videos = report.get("videos") or {}  # (none in a version 3 report)
+    with_videos = bool(videos.get("fraction"))
+    per_s = f", {thr['videos_per_s']:.2f} videos/s" if with_videos else ""
+    table.add_row("throughput", f"{thr['requests_per_s']:.1f} requests/s, {thr['images_per_s']:.1f} images/s{per_s}")
     table.add_row("latency", "  ".join(f"{k} {lat[k]:.1f} ms" for k in ("p50", "p90", "p99", "p99.9", "max")))
     parts = report["latency_parts_ms"]
     table.add_row("latency parts", ", ".join(
@@ -221,6 +255,9 @@ def print_report(report: dict) -> None:
     ) + " ms (p50 / p99)")  # fmt: skip
     table.add_row("requests", f"{r['submitted']} submitted, {r['answered']} answered, {r['accepted']} accepted, "
                               f"{r['rejected']} rejected ({r['expected_bad']} deliberately bad)")  # fmt: skip
+    if with_videos:
+        for name, text in _video_rows(videos):
+            table.add_row(name, text)
     w = report["warmup_requests"]
     if w["submitted"]:
         table.add_row("warm-up", f"{w['submitted']} more submitted, {w['accepted']} accepted, {w['rejected']} rejected "
@@ -235,6 +272,8 @@ def print_report(report: dict) -> None:
                               f"{report['verify']['mismatches']} mismatches{skipped}")  # fmt: skip
     for w in report["workers"]:
         work = f"{plural(w['requests'], 'request')}, {plural(w['images'], 'image')}"
+        if with_videos:
+            work += f", {plural(w.get('videos', 0), 'video')}"
         table.add_row(f"worker {w['index']}", f"CPU {w['cpu_utilisation'] * 100:.0f}%, {work}")
     c = report["client"]
     table.add_row("client", f"CPU {c['cpu_utilisation'] * 100:.0f}% ({c['cpu_ms_per_request']:.2f} ms/request), "
@@ -261,6 +300,23 @@ def print_report(report: dict) -> None:
         verdict = f"[yellow]INTERRUPTED[/yellow] after {report['duration_s']:.1f} s; of what ran: {verdict}"
     table.add_row("verdict", verdict)
     console.print(table)
+
+
+def _video_rows(videos: dict) -> list[tuple[str, str]]:
+    """The table's rows about the requests with a video: their counts, then their latency beside
+    the image-only requests'."""
+    v = videos["requests"]
+    rows = [("with a video", f"{v['submitted']} of the requests ({videos['fraction'] * 100:g}% asked, "
+                             f"{plural(videos['videos_sent'], 'good video')} sent, {videos['clips']} clips): "
+                             f"{v['accepted']} accepted, {v['rejected']} rejected ({v['expected_bad']} "
+                             "deliberately bad)")]  # fmt: skip
+    cells = []
+    for name in ("video", "image_only"):
+        lat = videos["latency_ms"][name]
+        cells.append(f"{lat['p50']:.1f} / {lat['p90']:.1f} / {lat['p99']:.1f} ms ({plural(lat['count'], 'request')})"
+                     if lat["count"] else "none")  # fmt: skip
+    rows.append(("video / image-only", f"{cells[0]}; {cells[1]} (p50 / p90 / p99)"))
+    return rows
 
 
 def _cache_rows(cache: dict) -> list[tuple[str, str]]:

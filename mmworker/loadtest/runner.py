@@ -5,7 +5,8 @@ Closed loop keeps `concurrency` requests in flight; open loop submits at Poisson
 `rate` per second whatever the pool does (so queueing shows). Requests submitted during the first
 `warmup_s` seconds are answered and checked like the others but counted apart and left out of the
 figures. For `verify` sampled accepted requests a digest of everything the reply carried (ids,
-offsets, positions, features, hashes) is kept, to be recomputed in process afterwards. Only the
+offsets, placeholder runs, positions, features, aux tensors, hashes, modalities) is kept, to be
+recomputed in process afterwards. Only the
 requests in flight are known one by one; an answer goes into the tally (mmworker.loadtest.tally)
 and is forgotten. A request's sources are made when it is submitted (`Workload.acquire`) and
 given up when it is answered. The pool's cache counters are read when the first measured request
@@ -30,6 +31,7 @@ from blake3 import blake3
 
 from mmworker.loadtest.tally import Tally, reservoir_slot
 from mmworker.loadtest.workload import RequestSpec, Workload
+from mmworker.pipeline import IMAGE
 from mmworker.pool import PoolStats, Reply, WorkerPool
 
 # After Ctrl-C, how long the run waits for the requests in flight before it abandons them.
@@ -88,33 +90,46 @@ class RunResult:
     cache_from: PoolStats | None = None  # the pool's stats when the first measured request was submitted
 
 
-def digest_parts(input_ids, offsets, positions, delta, items, corrupt: bool = False) -> str:
+def digest_parts(input_ids, offsets, positions, delta, items, runs=(), corrupt: bool = False) -> str:
     """blake3 over everything a result carries, in a fixed order (features byte for byte).
 
     Takes the parts rather than a Reply so that a pool reply and an in-process driver Output
-    digest the same way. `corrupt` is a test hook: the digest a transport that flipped one byte
-    of the first feature would produce.
+    digest the same way. A request with a video also has its items' placeholder runs and
+    modalities digested; an image-only request's digest is what it was before videos (an image's
+    one run is its offsets). Integer aux tensors are digested as int64, others (Qwen2.5-VL's
+    float32 `second_per_grid_ts`) as their own bytes and dtype. `corrupt` is a test hook: the
+    digest a transport that flipped one byte of the last feature (the video's, in a request with
+    one) would produce.
     """
     h = blake3(max_threads=1)
     h.update(np.ascontiguousarray(input_ids, dtype=np.int64).tobytes())
     h.update(repr([(int(s), int(e)) for s, e in offsets]).encode())
+    if any(item.modality != IMAGE for item in items):
+        h.update(repr([item.modality for item in items]).encode())
+        h.update(repr([[(int(s), int(e)) for s, e in item_runs] for item_runs in runs]).encode())
     if positions is not None:
         h.update(np.ascontiguousarray(positions, dtype=np.int64).tobytes())
         h.update(str(int(delta)).encode())
     for k, item in enumerate(items):
         feature = np.ascontiguousarray(item.feature)
-        if corrupt and k == 0:
+        if corrupt and k == len(items) - 1:
             feature = feature.copy()
             feature.view(np.uint8).reshape(-1)[feature.nbytes // 2] ^= 0x01
         h.update(memoryview(feature).cast("B"))
         h.update(int(item.hash).to_bytes(8, "big"))
         for name in sorted(item.aux):
-            h.update(np.ascontiguousarray(item.aux[name], dtype=np.int64).tobytes())
+            aux = np.asarray(item.aux[name])
+            if aux.dtype.kind in "iu":
+                h.update(np.ascontiguousarray(aux, dtype=np.int64).tobytes())
+            else:
+                h.update(aux.dtype.str.encode())
+                h.update(np.ascontiguousarray(aux).tobytes())
     return h.hexdigest()
 
 
 def reply_digest(reply: Reply, corrupt: bool = False) -> str:
-    return digest_parts(reply.input_ids, reply.offsets, reply.positions, reply.delta, reply.items, corrupt)
+    return digest_parts(reply.input_ids, reply.offsets, reply.positions, reply.delta, reply.items, reply.runs,
+                        corrupt)  # fmt: skip
 
 
 def _private_mb(pid: int) -> float:
@@ -163,15 +178,17 @@ class Progress:
             return
         self.last = now
         elapsed = now - run.started
-        window = [(latency, ok, images) for at, latency, ok, images in run.recent if at > now - 5]
-        lat = sorted(latency for latency, _, _ in window)
+        window = [entry[1:] for entry in run.recent if entry[0] > now - 5]
+        lat = sorted(latency for latency, _, _, _ in window)
         p50 = lat[len(lat) // 2] if lat else float("nan")
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-        rate = len(window) / min(5.0, max(elapsed, 1e-9))
-        images = sum(n for _, ok, n in window if ok) / min(5.0, max(elapsed, 1e-9))
+        span = min(5.0, max(elapsed, 1e-9))
+        rate = len(window) / span
+        images = sum(n for _, ok, n, _ in window if ok) / span
+        videos = f"{sum(v for _, ok, _, v in window if ok) / span:6.1f} vid/s  " if run.workload.video_fraction else ""
         answered, rejected = run.tally.total("answered"), run.tally.total("rejected")
         text = (
-            f"{elapsed:6.1f}s  answered {answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  "
+            f"{elapsed:6.1f}s  answered {answered:6d}  {rate:7.1f} req/s  {images:7.1f} img/s  {videos}"
             f"p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  rejects {rejected:5d}  in flight {run.in_flight:4d}"
         )
         if self.live is not None:
@@ -193,7 +210,8 @@ class Runner:
         # Requests in flight: request id (the workload numbers them 0, 1, ...) -> (spec, submitted in warm-up).
         self.flight: dict[int, tuple[RequestSpec, bool]] = {}
         self.tally = Tally(seed)
-        self.recent: collections.deque[tuple[float, float, bool, int]] = collections.deque(maxlen=RECENT_KEPT)
+        # (answered at, latency ms, accepted, images, videos) of the latest answers
+        self.recent: collections.deque[tuple[float, float, bool, int, int]] = collections.deque(maxlen=RECENT_KEPT)
         self.verify_k = verify
         self.sample: list[tuple[int, str]] = []  # (request index, digest): a uniform sample of accepted replies
         self.sample_specs: dict[int, RequestSpec] = {}
@@ -210,9 +228,11 @@ class Runner:
         if not warmup and self.cache_from is None:
             self.cache_from = self.pool.stats()
         sources = self.workload.acquire(spec)
+        videos = self.workload.video_sources(spec)
         self.flight[spec.index] = (spec, warmup)
-        self.tally.submit(warmup, spec.images if spec.expected is None else 0, spec.repeats)
-        self.pool.submit(spec.input_ids, sources, request_id=spec.index)
+        good = spec.expected is None
+        self.tally.submit(warmup, spec.images if good else 0, spec.repeats, len(videos), len(videos) if good else 0)
+        self.pool.submit(spec.input_ids, sources, videos=videos, request_id=spec.index)
 
     @property
     def in_flight(self) -> int:
@@ -230,9 +250,9 @@ class Runner:
                        outcome=reply.kind, error=reply.error, answered_s=now - self.started,
                        latency_ms=reply.latency_ms,
                        parts_ms=(reply.queued_ms, reply.to_worker_ms, reply.busy_ms, reply.returned_ms),
-                       worker=reply.worker, cache_hits=reply.cache_hits)  # fmt: skip
+                       worker=reply.worker, cache_hits=reply.cache_hits, videos=len(spec.videos))  # fmt: skip
         if not warmup:
-            self.recent.append((now, reply.latency_ms, reply.ok, spec.images))
+            self.recent.append((now, reply.latency_ms, reply.ok, spec.images, len(spec.videos)))
         if reply.ok:
             if spec.kind == "good" and len(self.inline_specs) < INLINE_KEEP:
                 self.inline_specs.append(spec)
@@ -318,8 +338,10 @@ class Runner:
         finally:
             display.close()
         ended = time.monotonic()
-        for _spec, warmup in self.flight.values():  # only when interrupted: stopped waiting for them
-            self.tally.abandon(warmup)  # (their files stay: the pool may still read them; the scratch goes at the end)
+        for spec, warmup in self.flight.values():  # only when interrupted: stopped waiting for them
+            self.tally.abandon(
+                warmup, len(spec.videos)
+            )  # (their files stay: the pool may still read them; the scratch goes at the end)
         for k, pid in enumerate(self.pool.worker_pids()):
             seen.setdefault(pid, [k, 0.0, 0.0])[2] = _cpu_of(pid)
         wcpu: dict[int, float] = {}

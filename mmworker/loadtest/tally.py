@@ -17,6 +17,11 @@ different populations, a fraction of a millisecond against the workers' time. Th
 good requests sent (and how many repeat an earlier one) are counted as the workload made them, to
 be set against the pool's cache counters.
 
+Measured requests that carry a video (mmworker.loadtest.workload's video mix) are also counted on
+their own (`Tally.video`), and accepted ones have their latency histogram apart from the image-only
+requests': a video costs its worker tens to hundreds of times an image, so one mixed histogram
+would say little about either.
+
 Percentiles come from log-spaced histograms whose bucket edges grow by 0.1%: each is within 0.05%
 of the exact sample percentile (numpy's "higher" method), clipped to the exact minimum and maximum;
 means are exact (float64 sums), as are the maxima.
@@ -110,6 +115,21 @@ class Counts:
         """Submitted and never answered (those abandoned on purpose apart)."""
         return self.submitted - self.answered - self.abandoned
 
+    def answer(self, outcome: Outcome, bad: bool, wrong_reason: bool) -> None:
+        """One answer of `outcome` to a request deliberately `bad` or not; `wrong_reason`: a bad one
+        rejected as something else than it is."""
+        self.answered += 1
+        self.expected_bad += bad
+        if outcome is Outcome.ACCEPTED:
+            self.accepted += 1
+            self.bad_accepted += bad
+            return
+        self.rejected += 1
+        self.rejects_by_kind[outcome.value] += 1
+        self.good_rejected += not bad
+        self.internal += outcome is Outcome.INTERNAL
+        self.bad_wrong_reason += wrong_reason
+
     def as_dict(self) -> dict[str, int]:
         """The counters and `lost` (not the rejects by kind)."""
         counters = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rejects_by_kind"}
@@ -122,33 +142,45 @@ class Tally:
     def __init__(self, seed: int = 0) -> None:
         self.warmup = Counts()  # requests submitted during the warm-up
         self.measured = Counts()  # requests submitted after it: the run's figures
+        self.video = Counts()  # the measured requests that carry a video (also in `measured`)
         self.measured_images = 0  # of measured accepted requests
+        self.measured_videos = 0  # of measured accepted requests
         self.sent_images = 0  # of measured good requests, as submitted
         self.sent_repeats = 0  # ... of which repeat an image of an earlier request
+        self.sent_videos = 0  # of measured good requests, as submitted
         self.bad_accepted: list[str] = []  # kinds, the first few
         self.bad_wrong: list[tuple[str, str]] = []  # (kind, error), the first few
         self.internal_errors: list[str] = []  # the first few messages
         self.per_worker: Counter[int] = Counter()
         self.per_worker_images: Counter[int] = Counter()
+        self.per_worker_videos: Counter[int] = Counter()
         self.latency = LogHistogram()
-        self.latency_all_hit = LogHistogram()  # accepted requests whose images were all cached
+        self.latency_all_hit = LogHistogram()  # accepted requests whose images were all cached (and no video)
         self.latency_others = LogHistogram()
+        self.latency_video = LogHistogram()  # accepted requests with a video
+        self.latency_image_only = LogHistogram()  # ... and without
         self.parts = {name: LogHistogram() for name in LATENCY_PARTS}
         # (answered s, latency ms) of measured accepted requests: a uniform sample, in its first
         # min(measured.accepted, PLOT_SAMPLE) rows.
         self._plot = np.empty((PLOT_SAMPLE, 2))
         self._plot_rng = random.Random(seed)
 
-    def submit(self, warmup: bool, images: int = 0, repeats: int = 0) -> None:
-        """One request submitted; a good one with `images` images, of which `repeats` repeat earlier ones."""
+    def submit(self, warmup: bool, images: int = 0, repeats: int = 0, videos: int = 0, good_videos: int = 0) -> None:
+        """One request submitted, with `videos` videos; a good one with `images` images, of which
+        `repeats` repeat earlier ones, and `good_videos` videos."""
         (self.warmup if warmup else self.measured).submitted += 1
         if not warmup:
             self.sent_images += images
             self.sent_repeats += repeats
+            self.sent_videos += good_videos
+            self.video.submitted += videos > 0
 
-    def abandon(self, warmup: bool) -> None:
-        """A request still in flight when an interrupted run stopped waiting: not lost, not answered."""
+    def abandon(self, warmup: bool, videos: int = 0) -> None:
+        """A request (with `videos` videos) still in flight when an interrupted run stopped waiting:
+        not lost, not answered."""
         (self.warmup if warmup else self.measured).abandoned += 1
+        if not warmup:
+            self.video.abandoned += videos > 0
 
     def total(self, count: str) -> int:
         """One of the `Counts` (e.g. "submitted", "lost") over both phases."""
@@ -156,42 +188,41 @@ class Tally:
 
     def add(self, *, kind: str, expected: tuple[Outcome, str] | None, images: int, warmup: bool, outcome: Outcome,
             error: str | None, answered_s: float, latency_ms: float, parts_ms: tuple[float, float, float, float],
-            worker: int | None, cache_hits: int = 0) -> None:  # fmt: skip
+            worker: int | None, cache_hits: int = 0, videos: int = 0) -> None:  # fmt: skip
         """One answer: `kind` and `expected` are the workload's (what the request is, how it must be
         rejected), `outcome` and `error` the reply's kind and message; `cache_hits` its images that
-        came from the pool's cache."""
-        counts = self.warmup if warmup else self.measured
-        counts.answered += 1
+        came from the pool's cache; `videos` how many videos the request carried."""
+        phases = [self.warmup if warmup else self.measured]
+        if videos and not warmup:
+            phases.append(self.video)
         bad = expected is not None
-        counts.expected_bad += bad
+        text = error or ""
+        # The message must name the expected cause too: bad input rejected for another reason than
+        # the one built into it means a check missed or misfired.
+        wrong = (bad and outcome is not Outcome.ACCEPTED and outcome not in POOL_STATE
+                 and (outcome is not expected[0] or expected[1] not in text))  # fmt: skip
+        for counts in phases:
+            counts.answer(outcome, bad, wrong)
+        if outcome is Outcome.INTERNAL and len(self.internal_errors) < EXAMPLES_KEPT:
+            self.internal_errors.append(text)
+        if wrong and len(self.bad_wrong) < EXAMPLES_KEPT:
+            self.bad_wrong.append((kind, f"{outcome.value}: {text}"))
         if outcome is not Outcome.ACCEPTED:
-            counts.rejected += 1
-            text = error or ""
-            counts.rejects_by_kind[outcome.value] += 1
-            counts.good_rejected += not bad
-            if outcome is Outcome.INTERNAL:
-                counts.internal += 1
-                if len(self.internal_errors) < EXAMPLES_KEPT:
-                    self.internal_errors.append(text)
-            # The message must name the expected cause too: bad input rejected for another reason
-            # than the one built into it means a check missed or misfired.
-            if bad and outcome not in POOL_STATE and (outcome is not expected[0] or expected[1] not in text):
-                counts.bad_wrong_reason += 1
-                if len(self.bad_wrong) < EXAMPLES_KEPT:
-                    self.bad_wrong.append((kind, f"{outcome.value}: {text}"))
             return
-        counts.accepted += 1
-        if bad:
-            counts.bad_accepted += 1
-            if len(self.bad_accepted) < EXAMPLES_KEPT:
-                self.bad_accepted.append(kind)
+        if bad and len(self.bad_accepted) < EXAMPLES_KEPT:
+            self.bad_accepted.append(kind)
         if warmup:
             return
         self.measured_images += images
+        self.measured_videos += videos
         self.per_worker[worker] += 1
         self.per_worker_images[worker] += images
+        self.per_worker_videos[worker] += videos
         self.latency.add(latency_ms)
-        (self.latency_all_hit if images and cache_hits >= images else self.latency_others).add(latency_ms)
+        # A request with a video needs a worker whatever the cache holds: never an all-hit one.
+        all_hit = images and not videos and cache_hits >= images
+        (self.latency_all_hit if all_hit else self.latency_others).add(latency_ms)
+        (self.latency_video if videos else self.latency_image_only).add(latency_ms)
         for name, value in zip(LATENCY_PARTS, parts_ms, strict=True):
             self.parts[name].add(value)
         # Every measured accepted request has the same chance to be plotted.

@@ -1,8 +1,20 @@
-"""The load test's request stream: how many images, from which kind of source, with which prompt, which
-requests are deliberately bad (and how they must be rejected), and which images repeat earlier ones.
+"""The load test's request stream: how many images and videos, from which kind of source, with which
+prompt, which requests are deliberately bad (and how they must be rejected), and which images repeat
+earlier ones.
 
-Prompts are random text ids around the family's tokens for each image (`Family.image_prompt`), so
-the stream fits any family; a "placeholder" request leaves one image's tokens out.
+Prompts are random text ids around the family's tokens for each image (`Family.image_prompt`) and
+video (`Family.video_prompt`), so the stream fits any family; a "placeholder" request leaves one
+image's tokens out.
+
+With a video fraction F, a share F of the requests carry one video (a clip of
+mmworker.loadtest.clips) and 0 or 1 image, the video's tokens at a random place among the image's
+and the text: mixed prompts. Of the deliberately bad requests, the same share F are bad for their
+video: a corrupt one (an MP4 signature followed by random bytes) or a truncated one (the first third
+of an MP4 clip, whose index is at its end), the image bad kinds the rest. With F = 0 (the default)
+the stream is the image-only stream of before, draw for draw. Videos are sent as they are, from
+the same kinds of source as images (the media server serves the clips under /videos/; a path source
+is the clip's own file): the pool never caches videos, so a clip sent again costs its worker as much
+as the first time and needs no variants.
 
 Every image is a variant of a corpus image (mmworker.loadtest.variants): the same pixels, bytes of
 its own, so that the pool's feature cache, which keys images by their bytes, finds nothing it has
@@ -27,17 +39,19 @@ may repeat it; one from an http URL is made by the media server.
 import base64
 import collections
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from mmworker.errors import MmError, Outcome
+from mmworker.loadtest.clips import CorpusClip
 from mmworker.loadtest.corpus import CorpusImage
 from mmworker.loadtest.variants import Variants
 
 SOURCE_KINDS = ("bytes", "data", "base64", "path", "http")
 BAD_KINDS = ("corrupt", "truncated", "too_many", "placeholder", "http_404")
+VIDEO_BAD_KINDS = ("video_corrupt", "video_truncated")  # of requests with a video, when videos are on
 # How each kind of bad request must be rejected: its outcome, and what the message must name (the
 # cause, so that a request rejected as bad input for another reason is caught too).
 EXPECTED_REJECTION = {
@@ -46,7 +60,14 @@ EXPECTED_REJECTION = {
     "too_many": (Outcome.BAD_INPUT, "exceeds 64 media items"),
     "placeholder": (Outcome.BAD_INPUT, "media placeholder"),
     "http_404": (Outcome.BAD_INPUT, "status code 404"),
+    "video_corrupt": (Outcome.BAD_INPUT, "video decode: cannot read the container"),
+    "video_truncated": (Outcome.BAD_INPUT, "video decode: cannot read the container"),
 }
+# What a corrupt video starts with: an MP4 file type box, so that FFmpeg opens it as an MP4 (one of
+# the accepted containers) and fails on what follows; bare random bytes are sometimes refused as an
+# unsupported container instead, and the load test wants one reason per bad kind.
+MP4_SIGNATURE = b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2"
+_VIDEO_TYPES = {".mp4": "video/mp4", ".webm": "video/webm", ".avi": "video/x-msvideo", ".mkv": "video/x-matroska"}
 # How many of the latest answered images a repeat chooses from. Recent enough that the default
 # cache (512 MiB) holds them all with the built-in corpus at the default max_pixels (~15 MB of
 # features per image): a repeat measures a hit, not the cache's size, unless the images are larger.
@@ -65,13 +86,24 @@ class Ref:
 
 
 @dataclass(frozen=True)
+class ClipRef:
+    """One video of a request: clip `clip` of the video corpus, as it is, from a source of `kind`;
+    `cut`: the first third of it (a truncated file)."""
+
+    clip: int
+    kind: str
+    cut: bool = False
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     index: int
     input_ids: list[int]
     refs: list  # per image a Ref, or the source itself (a bad request's random bytes, its missing URL)
-    kind: str  # "good" or one of BAD_KINDS
+    kind: str  # "good" or one of BAD_KINDS or VIDEO_BAD_KINDS
     images: int
     repeats: int = 0  # images that repeat one of an earlier request (the same bytes)
+    videos: tuple = ()  # per video a ClipRef, or the source itself (a corrupt video's bytes)
 
     @property
     def expected(self) -> tuple[Outcome, str] | None:
@@ -110,7 +142,8 @@ def check_fraction(option: str, value: float) -> float:
 
 class Workload:
     """An endless, deterministic (per seed) stream of RequestSpecs over a corpus (see the module
-    docstring); `scratch` is the directory for the files of path sources (needed with "path")."""
+    docstring); `scratch` is the directory for the files of path sources (needed with "path");
+    `clips`, `video_prompt` and `video_fraction` the videos' (needed when the fraction is not 0)."""
 
     def __init__(
         self,
@@ -123,15 +156,26 @@ class Workload:
         seed: int,
         repeat_fraction: float = 0.0,
         scratch: Path | None = None,
+        *,
+        clips: Sequence[CorpusClip] = (),
+        video_prompt: tuple[int, ...] = (),
+        video_fraction: float = 0.0,
     ) -> None:
         check_fraction("--bad-fraction", bad_fraction)
         check_fraction("--repeat-fraction", repeat_fraction)
+        check_fraction("--video-fraction", video_fraction)
         parse_sources(",".join(source_kinds))
         if not image_prompt:
             raise MmError("loadtest: the family's image prompt is empty")
+        if video_fraction and (not clips or not video_prompt):
+            raise MmError("loadtest: a video fraction needs video clips and the family's video prompt")
         if "path" in source_kinds and scratch is None:
             raise MmError("loadtest: path sources need a scratch directory for their files")
         self.corpus, self.image_prompt = corpus, list(image_prompt)
+        self.clips, self.video_prompt, self.video_fraction = list(clips), list(video_prompt), video_fraction
+        self._special = set(self.image_prompt) | set(self.video_prompt)  # ids the random text never uses
+        self._truncatable = [k for k, clip in enumerate(self.clips) if clip.truncatable]
+        self._clip_b64: dict[int, str] = {}  # base64 text of the clips sent as text, made on first use
         self.variants = []
         for image in corpus:
             try:
@@ -159,21 +203,32 @@ class Workload:
         self._tags += 1
         return Ref(image, self._tags - 1, kind, cut)
 
+    def _fresh_clip(self, cut: bool = False) -> ClipRef:
+        clip = self.rng.choice(self._truncatable) if cut else self.rng.randrange(len(self.clips))
+        kind = "bytes" if cut else self.rng.choice(self.kinds)
+        if kind == "base64" and base64.b64encode(self.clips[clip].data[:3]).startswith(b"/"):
+            kind = "data"  # (as for images: bare base64 starting with '/' would be read as a path)
+        return ClipRef(clip, kind, cut)
+
     def _text(self, low: int, high: int) -> list[int]:
-        """Between `low` and `high` random text ids, none of them one of the image prompt's."""
+        """Between `low` and `high` random text ids, none of them one of the image or video prompt's."""
         ids = []
         for _ in range(self.rng.randint(low, high)):
             token = self.rng.randrange(1000, 30000)
-            while token in self.image_prompt:
+            while token in self._special:
                 token = self.rng.randrange(1000, 30000)
             ids.append(token)
         return ids
 
-    def _prompt(self, n: int, placeholders: int) -> list[int]:
+    def _prompt(self, n: int, placeholders: int, videos: int = 0) -> list[int]:
+        """Text, then per image its tokens (the first `placeholders` images) and more text; each of
+        `videos` videos' tokens go in at a random place among the images'."""
+        slots = [self.image_prompt if k < placeholders else [] for k in range(n)]
+        for _ in range(videos):
+            slots.insert(self.rng.randint(0, len(slots)), self.video_prompt)
         ids = self._text(2, 12)
-        for k in range(n):
-            if k < placeholders:
-                ids += self.image_prompt
+        for tokens in slots:
+            ids += tokens
             ids += self._text(0, 6)
         return ids
 
@@ -186,6 +241,9 @@ class Workload:
     def make(self, index: int) -> RequestSpec:
         rng = self.rng
         n = rng.choices(self.counts, self.weights)[0]
+        # (No draw at all without videos: the image-only stream stays what it was.)
+        if self.video_fraction and rng.random() < self.video_fraction:
+            return self._with_video(index, rng.randint(0, 1))
         if rng.random() >= self.bad_fraction:
             refs, repeats = self._good(n)
             return RequestSpec(index, self._prompt(n, n), refs, "good", n, repeats)
@@ -204,6 +262,20 @@ class Workload:
         else:
             refs[rng.randrange(n)] = f"{self.base_url}/missing-{index}.jpg"
         return RequestSpec(index, ids, refs, kind, n)
+
+    def _with_video(self, index: int, n: int) -> RequestSpec:
+        """A request with one video and `n` images: good, or bad for its video."""
+        rng = self.rng
+        if rng.random() >= self.bad_fraction:
+            refs, repeats = self._good(n)
+            return RequestSpec(index, self._prompt(n, n, 1), refs, "good", n, repeats, (self._fresh_clip(),))
+        kind = rng.choice(VIDEO_BAD_KINDS) if self._truncatable else "video_corrupt"
+        refs = [self._fresh() for _ in range(n)]
+        if kind == "video_corrupt":
+            video: ClipRef | bytes = MP4_SIGNATURE + bytes(rng.getrandbits(8) for _ in range(rng.randint(16, 4096)))
+        else:
+            video = self._fresh_clip(cut=True)
+        return RequestSpec(index, self._prompt(n, n, 1), refs, kind, n, 0, (video,))
 
     def _good(self, n: int) -> tuple[list[Ref], int]:
         """A good request's images: each a repeat with probability repeat_fraction (of an image of
@@ -255,6 +327,28 @@ class Workload:
         if kind == "path":
             return str(self._path(ref))
         return f"{self.base_url}/v/{ref.tag}/{quote(image.name)}"  # the media server makes it (mediaserver)
+
+    def video_source(self, ref: "ClipRef | bytes") -> object:
+        """What a request sends for its video `ref`: the clip as it is (no files to write)."""
+        if not isinstance(ref, ClipRef):
+            return ref
+        clip, kind = self.clips[ref.clip], ref.kind
+        if kind == "bytes":
+            return clip.data[: len(clip.data) // 3] if ref.cut else clip.data
+        if kind in ("data", "base64"):
+            if ref.clip not in self._clip_b64:
+                self._clip_b64[ref.clip] = base64.b64encode(clip.data).decode("ascii")
+            text = self._clip_b64[ref.clip]
+            if kind == "base64":
+                return text
+            return f"data:{_VIDEO_TYPES.get(clip.path.suffix, 'application/octet-stream')};base64,{text}"
+        if kind == "path":
+            return str(clip.path)
+        return f"{self.base_url}/videos/{quote(clip.name)}"  # the media server serves the clips' directory
+
+    def video_sources(self, spec: RequestSpec) -> list:
+        """`spec`'s video sources, to submit or to run."""
+        return [self.video_source(ref) for ref in spec.videos]
 
     def acquire(self, spec: RequestSpec) -> list:
         """`spec`'s sources, to submit or to run: its path sources' files are written if need be and
