@@ -1,4 +1,4 @@
-"""Deterministic photo-like test images: the inputs of benchmarks, tests and the load test's corpus.
+"""Deterministic photo-like test images and clips: the inputs of benchmarks, tests, the load test and warm-ups.
 
 Flat colours and pure noise both mislead: codecs and resamplers behave differently on them than on
 photos. These images mix what photos have: smooth global gradients, texture at three scales (random
@@ -59,3 +59,46 @@ def encode(pixels: np.ndarray, fmt: str, quality: int = 90) -> bytes:
     else:
         image.save(buf, fmt)
     return buf.getvalue()
+
+
+# Clip containers (PyAV format names) by file extension.
+CLIP_CONTAINERS = {"mp4": "mp4", "webm": "webm", "avi": "avi", "mkv": "matroska"}
+# Encoder options per codec: fast, single-threaded (deterministic), modest quality.
+_CLIP_OPTIONS = {
+    "libx264": {"preset": "veryfast", "crf": "26"},
+    "libvpx-vp9": {"deadline": "realtime", "cpu-used": "8", "crf": "40", "b": "0"},
+    "libvpx": {"deadline": "realtime", "cpu-used": "8", "crf": "30", "b": "1M"},
+    "mpeg4": {"qscale": "5"},
+    "mjpeg": {"qscale": "5"},
+}
+_CLIP_PIXEL_FORMATS = {"mjpeg": "yuvj420p"}  # FFmpeg's MJPEG encoder takes full-range formats only
+
+
+def encode_clip(codec: str, ext: str, width: int, height: int, fps: int, seconds: float, seed: int = 0) -> bytes:
+    """A clip of `seconds` at `fps` and width x height, encoded with `codec` into the container of
+    `ext` (mp4, webm, avi, mkv) with PyAV (the `video` extra): a photo-like still, panned over, the
+    crop moving along two sines, so that motion estimation and residuals look like a camera's pan
+    rather than a test pattern. The same arguments always give the same bytes."""
+    import math
+
+    import av
+
+    still = photo_like(width * 5 // 4 + 2, height * 5 // 4 + 2, seed=seed)
+    span_x, span_y = still.shape[1] - width, still.shape[0] - height
+    out = io.BytesIO()
+    with av.open(out, "w", format=CLIP_CONTAINERS[ext]) as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = _CLIP_PIXEL_FORMATS.get(codec, "yuv420p")
+        stream.codec_context.thread_count = 1
+        stream.codec_context.options = dict(_CLIP_OPTIONS.get(codec, {}))
+        for k in range(max(2, round(fps * seconds))):
+            t = k / fps
+            x = round(span_x * (0.5 + 0.5 * math.sin(t / 1.5)))
+            y = round(span_y * (0.5 + 0.5 * math.cos(t / 2.0)))
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(still[y : y + height, x : x + width]), "rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()

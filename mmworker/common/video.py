@@ -155,6 +155,11 @@ class VideoInfo:
     frame_pts: tuple[int, ...] = field(repr=False)
 
 
+def video_decoding_available() -> bool:
+    """Whether PyAV (the `video` extra) is installed, without which no video is decoded."""
+    return av is not None
+
+
 def probe(data: Source) -> VideoInfo:
     """The video's frame count, average rate, size after rotation and tags; MmError if it is not one we decode.
 

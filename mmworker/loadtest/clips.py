@@ -1,8 +1,7 @@
 """The load test's videos: a small built-in corpus of short clips, encoded with PyAV and cached like the images.
 
 The clips are made with PyAV's bundled FFmpeg (the `video` extra), so the load test needs no ffmpeg
-command line. Each is a photo-like still (mmworker.corpus) panned over, the crop moving along two
-sines, so that motion estimation and residuals look like a camera's pan rather than a test pattern.
+command line. Each is a photo-like still panned over (mmworker.corpus.encode_clip).
 Together they vary what a video worker's time depends on: the codec (H.264 with B-frames, VP9,
 MPEG-4 part 2, MJPEG), the container (MP4, WebM, AVI), the frame size (portrait, 720p, small) and
 the length, hence how many frames are sampled. A codec the installed FFmpeg lacks falls back to the
@@ -17,30 +16,16 @@ MP4 clips keep their index (the `moov` box) at the end, as FFmpeg's muxer writes
 the load test's truncated videos are their first third, which can never be read (`truncatable`).
 """
 
-import io
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from mmworker.corpus import photo_like
+from mmworker.corpus import CLIP_CONTAINERS, encode_clip
 from mmworker.errors import MmError
 from mmworker.loadtest.corpus import cache_dir
 
 CLIPS_VERSION = 1  # bump when DEFAULT_CLIPS or the encoder changes: cached corpora are keyed on it
 _COMPLETE = ".complete"
-_FORMATS = {"mp4": "mp4", "webm": "webm", "avi": "avi", "mkv": "matroska"}
-# Encoder options per codec: fast, single-threaded (deterministic), modest quality.
-_OPTIONS = {
-    "libx264": {"preset": "veryfast", "crf": "26"},
-    "libvpx-vp9": {"deadline": "realtime", "cpu-used": "8", "crf": "40", "b": "0"},
-    "libvpx": {"deadline": "realtime", "cpu-used": "8", "crf": "30", "b": "1M"},
-    "mpeg4": {"qscale": "5"},
-    "mjpeg": {"qscale": "5"},
-}
-_PIXEL_FORMATS = {"mjpeg": "yuvj420p"}  # FFmpeg's MJPEG encoder takes full-range formats only
 
 
 @dataclass(frozen=True)
@@ -103,32 +88,6 @@ def available_codec(recipe: ClipRecipe) -> tuple[str, str]:
     raise MmError(f"loadtest: PyAV's FFmpeg has none of the encoders {[c for c, _ in recipe.codecs]}")
 
 
-def encode_clip(codec: str, ext: str, width: int, height: int, fps: int, seconds: float, seed: int = 0) -> bytes:
-    """A clip of `seconds` at `fps` and width x height, encoded with `codec` into the container of
-    `ext` (mp4, webm, avi, mkv): a photo-like still, panned over (module docstring)."""
-    import av
-
-    still = photo_like(width * 5 // 4 + 2, height * 5 // 4 + 2, seed=seed)
-    span_x, span_y = still.shape[1] - width, still.shape[0] - height
-    out = io.BytesIO()
-    with av.open(out, "w", format=_FORMATS[ext]) as container:
-        stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height = width, height
-        stream.pix_fmt = _PIXEL_FORMATS.get(codec, "yuv420p")
-        stream.codec_context.thread_count = 1
-        stream.codec_context.options = dict(_OPTIONS.get(codec, {}))
-        for k in range(max(2, round(fps * seconds))):
-            t = k / fps
-            x = round(span_x * (0.5 + 0.5 * math.sin(t / 1.5)))
-            y = round(span_y * (0.5 + 0.5 * math.cos(t / 2.0)))
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(still[y : y + height, x : x + width]), "rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return out.getvalue()
-
-
 def default_clips() -> list[tuple[str, ClipRecipe, str, str]]:
     """(file name, recipe, codec, extension) of each built-in clip, in the order built, with the codec
     the installed FFmpeg encodes."""
@@ -160,7 +119,7 @@ def build(directory: Path, seed: int) -> Path:
 def load(directory: Path) -> list[CorpusClip]:
     """Every clip in `directory` (the files the built-in corpus names), sorted by name."""
     clips = [CorpusClip(path.resolve(), path.read_bytes()) for path in sorted(Path(directory).iterdir())
-             if path.is_file() and path.suffix[1:] in _FORMATS]  # fmt: skip
+             if path.is_file() and path.suffix[1:] in CLIP_CONTAINERS]  # fmt: skip
     if not clips:
         raise MmError(f"loadtest: no video clips in {directory}")
     return clips

@@ -69,7 +69,7 @@ from ipc.ring import Allocation, RingReader, RingWriter
 from ipc.segment import Segment
 from ipc.wire import WIRE_VERSION, Done, Failed, Hello, Job, Release, TensorDesc
 from mmworker.common import jpeg_planes
-from mmworker.corpus import encode, photo_like
+from mmworker.corpus import encode, encode_clip, photo_like
 from mmworker.driver import KnownItem, MmInput, item_name, process
 from mmworker.errors import BudgetExceeded, MmError, Outcome
 from mmworker.pipeline import Grid, MRope
@@ -147,6 +147,13 @@ class Worker:
         process(family, MmInput([token for _ in images for token in family.image_prompt()], images))
         # Large 4:2:0 JPEGs go through TurboJPEG's planes, which no image this small reaches.
         jpeg_planes.load()
+        if family.capabilities().video:
+            # A video's kernels (the float resize, a Qwen3 video's second resize, the frames'
+            # patchify) are others than an image's; without this the first video pays their loading
+            # (and, after an install, their compilation: seconds). MPEG-4 part 2 is FFmpeg's own
+            # encoder, always in PyAV's build; the kernels do not depend on the codec.
+            clip = encode_clip("mpeg4", "mp4", 64, 48, 4, 2.0)
+            process(family, MmInput(list(family.video_prompt()), [], [clip]))
 
     def serve(self) -> None:
         while True:

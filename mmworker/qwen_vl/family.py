@@ -27,6 +27,7 @@ from mmworker.common.jpeg_rows import JpegRows
 from mmworker.common.pillow import vertical_first
 from mmworker.common.pixels import RgbImage
 from mmworker.common.resize import horizontal_resize, horizontal_rows, vertical_coefficients, vertical_resize
+from mmworker.common.video import video_decoding_available
 from mmworker.errors import MmError
 from mmworker.pipeline import (
     Allocator,
@@ -236,6 +237,8 @@ def _video_problem(spec: QwenSpec) -> str | None:
     if spec.model_type is None:
         return 'the spec names no `model_type` (SGLang\'s hf_config.model_type, e.g. "qwen2_5_vl")'
     model_kind(spec.model_type)  # refuses an unknown one
+    if not video_decoding_available():
+        return "videos need PyAV, the `video` extra: pip install 'mmworker[video]'"
     missing = [name for name in ("vision_start_token_id", "vision_end_token_id", "video_token_id")
                if getattr(spec, name) is None]  # fmt: skip
     if missing:
