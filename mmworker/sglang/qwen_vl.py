@@ -3,9 +3,17 @@
 `MmworkerQwenVLProcessor` subclasses SGLang's `QwenVLImageProcessor` and registers for Qwen2-VL,
 2.5-VL, 3-VL, 3-VL-MoE, 3.5 and 3.5-MoE. Per request it either runs the work in a `WorkerPool`
 (decode, smart_resize, resize, normalise, patchify, hash, placeholder expansion and M-RoPE, in
-worker processes) and returns the `MultimodalProcessorOutput` SGLang's own path returns, or hands
-the request to `super()` unchanged (`mmworker.sglang.requests` says which and why). What it can
-serve at all is decided once (`mmworker.sglang.plan`) and logged in one line.
+worker processes; for a video also its sampling and both resizes) and returns the
+`MultimodalProcessorOutput` SGLang's own path returns, or hands the request to `super()` unchanged
+(`mmworker.sglang.requests` says which and why). What it can serve at all is decided once
+(`mmworker.sglang.plan`) and logged in one line.
+
+Items are SGLang's: each image one IMAGE item, then the videos as SGLang's
+`get_new_expanded_mm_items` leaves them (docs/behaviour.md §15.3): one VIDEO item per video whose
+`offsets` are its placeholder runs (one per temporal patch for Qwen3 and 3.5), except that SGLang
+keeps several Qwen2 or 2.5 videos in ONE item unless every one is a single temporal patch: that item
+holds all their runs, their features one after the other, `video_grid_thw` [n, 3] and Qwen2.5's
+`second_per_grid_ts` [n], and a hash of theirs.
 
 Where the pool lives: SGLang builds this processor in the TokenizerManager, which serves requests,
 and again in each scheduler with `skip_mm_pool=True`, only for its M-RoPE fallback. Only the first
@@ -14,9 +22,11 @@ the serving process takes the workers with it and leaves no segment, as the pool
 scheduler's starts no process and maps no shared memory. Workers: `--mm-processor-worker-num` when
 set, else the pool's automatic plan, which keeps the cores SGLang reserves for its scheduler free.
 
-The hand-off copies nothing: each item's `feature` is `torch.from_numpy` of the pool's read-only
-view into its worker's ring (SGLang copies CPU features itself on the way to the scheduler, into its
-message frames or shared-memory stubs, and never writes to them), and so are the M-RoPE positions.
+The hand-off copies nothing but such a bundle's features (SGLang's item holds one tensor, so the
+videos' features are concatenated into a new one): each other item's `feature` is `torch.from_numpy`
+of the pool's read-only view into its worker's ring (SGLang copies CPU features itself on the way to
+the scheduler, into its message frames or shared-memory stubs, and never writes to them), and so are
+the M-RoPE positions.
 With the spec's `feature_dtype` "bfloat16" (an operator's choice, float32 by default:
 mmworker.sglang.plan) the view is uint16 holding bf16 bits and the tensor is its
 `.view(torch.bfloat16)`, the same memory; SGLang's Qwen models cast features to the vision tower's dtype.
@@ -25,13 +35,15 @@ consumer that keeps them too long makes later requests fail with a clear "shared
 error (HTTP 503), never a hang or overwritten data. Hashes are mmworker's (blake3 of the encoded
 bytes); SGLang derives pad values from them and never hashes the features.
 
-Errors: a bad image or failed fetch raises `ImageRejected` (a ValueError: SGLang answers 400, naming
-the image and the cause); a full queue or full shared memory raises `PoolBusy` (HTTP 503 from
+Errors: a bad image or video or a failed fetch raises `MediaRejected` (a ValueError: SGLang answers
+400, naming "image k" or "video k" and the cause; `ImageRejected`, its name before videos, is the same
+class); a full queue or full shared memory raises `PoolBusy` (HTTP 503 from
 SGLang's OpenAI and native endpoints); anything else the pool reports (a worker crashed, a deadline)
 raises `PoolFailure` (500). The pool keeps serving after any of them. A request the workers find
-outside what mmworker reproduces (an image format it does not decode, say) is handed to SGLang's
-own path instead of failing. The pool's UsageError (it was used after `shutdown()`) is a bug here,
-not a request's fault: a RuntimeError, it reaches SGLang as one, which answers 500.
+outside what mmworker reproduces (an image format it does not decode, a video container it does not
+open, say) is handed to SGLang's own path instead of failing. The pool's UsageError (it was used
+after `shutdown()`) is a bug here, not a request's fault: a RuntimeError, it reaches SGLang as one,
+which answers 500.
 """
 
 import dataclasses
@@ -50,11 +62,15 @@ from sglang.srt.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from sglang.srt.models.qwen3_5 import Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration
 from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
+from sglang.srt.multimodal.processors import qwen_vl as sglang_qwen_vl
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor
+from sglang.srt.platforms import current_platform
 from sglang.srt.runtime_context import get_mm, get_serving
-from sglang.srt.utils import ImageData
+from sglang.srt.utils import ImageData, VideoData, is_cpu, is_npu, is_xpu, video_decoder
 
+from mmworker.common.hashing import content_hash
 from mmworker.errors import MmError, Outcome
+from mmworker.pipeline import VIDEO
 from mmworker.pool import Reply, WorkerPool
 from mmworker.sglang import plan as planning
 from mmworker.sglang.requests import Delegated, Prompting, fast_encode, route
@@ -65,8 +81,14 @@ log = logging.getLogger("mmworker.sglang")
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
 
 
-class ImageRejected(ValueError):
-    """A request's image could not be used (corrupt, failed fetch, over a budget): SGLang answers 400."""
+class MediaRejected(ValueError):
+    """A request's image or video could not be used (corrupt, failed fetch, over a budget): SGLang answers
+    400. The message names the item ("image k", "video k", counted within its modality) and the cause."""
+
+
+# The name before videos were served, kept: the same class, so `except ImageRejected` still catches
+# every rejected item, a video's too.
+ImageRejected = MediaRejected
 
 
 class PoolBusy(HTTPException, ValueError):
@@ -88,11 +110,11 @@ class PoolFailure(RuntimeError):
 
 _BUSY = (Outcome.QUEUE_FULL, Outcome.MEMORY_FULL)
 # stats()'s reason for requests the workers found outside what mmworker reproduces (Outcome.UNSUPPORTED).
-UNREPRODUCED = "input mmworker does not reproduce (image format, sample depth, size)"
+UNREPRODUCED = "input mmworker does not reproduce (image format, sample depth, size; video container, codec)"
 
 
 class MmworkerQwenVLProcessor(QwenVLImageProcessor):
-    """SGLang's Qwen-VL processor with image-only requests served by mmworker's worker pool."""
+    """SGLang's Qwen-VL processor with image and video requests served by mmworker's worker pool."""
 
     models = [  # noqa: RUF012 (SGLang reads this class attribute as a list)
         Qwen2VLForConditionalGeneration,
@@ -114,7 +136,8 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         if kwargs.get("skip_mm_pool", False):  # the scheduler's instance: M-RoPE only, no processes, no memory
             self.plan = planning.Plan(spec=None, declined="the scheduler's instance (skip_mm_pool)")
             return
-        self.plan = planning.resolve(getattr(self._processor, "image_processor", None), self._facts())
+        self.plan = planning.resolve(getattr(self._processor, "image_processor", None), self._facts(),
+                                     video=self._video_facts())  # fmt: skip
         self._prompting = self._prompting_of()
         if self.plan.spec is not None and self._prompting is None:
             why = "the HF processor has no tokenizer or no image placeholder token"
@@ -141,10 +164,12 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         else:
             avoid_retokenize = envs.SGLANG_MM_AVOID_RETOKENIZE.get()
             decision = route(image_data, input_text, request_obj, self._prompting, urls=self.plan.urls,
-                             avoid_retokenize=avoid_retokenize, image_data_type=ImageData)  # fmt: skip
+                             avoid_retokenize=avoid_retokenize, image_data_type=ImageData, videos=self.plan.videos,
+                             video_data_type=VideoData)  # fmt: skip
         if isinstance(decision, Delegated):
             return await self._delegate(decision.reason, image_data, input_text, request_obj, *args, **kwargs)
-        reply = await self._pool.aprocess(decision.prompt, decision.sources, content_hashes=self._hashes(request_obj))
+        reply = await self._pool.aprocess(decision.prompt, decision.sources, videos=decision.videos,
+                                          content_hashes=self._hashes(request_obj))  # fmt: skip
         if not reply.ok:
             if reply.kind is Outcome.UNSUPPORTED:
                 why = UNREPRODUCED  # a stable key for stats(); the worker's own words go to the log
@@ -200,13 +225,34 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
             trust_content_hashes=bool(mm.trust_mm_content_hashes),
         )
 
+    def _video_facts(self) -> planning.VideoFacts:
+        """What the plan needs of SGLang's video path for this model, read as SGLang reads it."""
+        processor = self._processor
+        tokenizer = getattr(processor, "tokenizer", None)
+        encode = fast_encode(tokenizer) if tokenizer is not None else None
+        return planning.VideoFacts(
+            processor_class=type(processor).__name__,
+            video_processor=getattr(processor, "video_processor", None),
+            tokenize=(lambda text: encode(text, False)) if encode is not None else None,
+            tokens_per_second=self._tokens_per_second,  # SGLang's: the vision config's, or None
+            overrides=dict(self.video_config or {}),
+            decoder=video_decoder._BACKEND,
+            accelerator=_video_accelerator(),
+            sglang_constants={name: getattr(sglang_qwen_vl, name, None) for name in planning.SGLANG_VIDEO_CONSTANTS},
+        )
+
     def _prompting_of(self) -> Prompting | None:
         tokens = self.mm_tokens
         tokenizer = getattr(self._processor, "tokenizer", None)
         if tokenizer is None or not isinstance(tokens.image_token, str) or tokens.image_token_id is None:
             return None
         pad = tokenizer.convert_ids_to_tokens([tokens.image_token_id])[0]
-        others = tuple(t for t in (tokens.video_token, tokens.audio_token, "<image>") if isinstance(t, str) and t)
+        others = tuple(t for t in (tokens.audio_token, "<image>") if isinstance(t, str) and t)
+        video_pad = tokens.video_token if isinstance(tokens.video_token, str) and tokens.video_token else None
+        video_token = None
+        if video_pad is not None and None not in (self.vision_start_token_id, self.vision_end_token_id):
+            start, end = tokenizer.convert_ids_to_tokens([self.vision_start_token_id, self.vision_end_token_id])
+            video_token = f"{start}{video_pad}{end}"
         bos = getattr(tokenizer, "bos_token", None)
         return Prompting(
             tokenizer=tokenizer,
@@ -217,6 +263,11 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
             other_placeholders=others,
             artifact_path=bool(self.mm_preprocess_cache.enabled or self.uses_media_artifacts_without_cache),
             bos_guard=bos if (self._tokenizer_auto_adds_specials and bos) else None,
+            video_token=video_token,
+            video_pad=video_pad,
+            video_token_id=tokens.video_token_id,
+            vision_start_token_id=self.vision_start_token_id,
+            vision_end_token_id=self.vision_end_token_id,
         )
 
     async def _delegate(self, reason: str, *args: Any, **kwargs: Any) -> MultimodalProcessorOutput:
@@ -229,25 +280,32 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
         if reply.kind in _BUSY:
             return PoolBusy(f"mmworker: {reply.error}")
         if reply.kind is Outcome.BAD_INPUT:
-            return ImageRejected(f"mmworker: {reply.error}")
+            return MediaRejected(f"mmworker: {reply.error}")
         return PoolFailure(f"mmworker: {reply.error}")
+
+    def _feature(self, view: np.ndarray) -> torch.Tensor:
+        feature = torch.from_numpy(view)
+        if self._bf16:  # uint16 bf16 bits -> the bf16 tensor they are, zero-copy (numpy has no bfloat16)
+            feature = feature.view(torch.bfloat16)
+        return feature
 
     def _output(self, reply: Reply) -> MultimodalProcessorOutput:
         """SGLang's processor output over the reply's views; the reply's memory goes back when SGLang drops them."""
-        items = []
-        for item, offset in zip(reply.items, reply.offsets, strict=True):
+        items, videos = [], []
+        for item, runs in zip(reply.items, reply.runs, strict=True):
+            if item.modality == VIDEO:
+                videos.append((item, runs))
+                continue
             grid = torch.from_numpy(item.aux["image_grid_thw"].reshape(1, 3))  # int64 [[t, h, w]], as SGLang's
-            feature = torch.from_numpy(item.feature)
-            if self._bf16:  # uint16 bf16 bits -> the bf16 tensor they are, zero-copy (numpy has no bfloat16)
-                feature = feature.view(torch.bfloat16)
             mm_item = MultimodalDataItem(
                 modality=Modality.IMAGE,
-                feature=feature,
-                offsets=[offset],
+                feature=self._feature(item.feature),
+                offsets=[(int(start), int(end)) for start, end in runs],
                 model_specific_data={"image_grid_thw": grid},
             )
             mm_item.set_hash(item.hash)
             items.append(mm_item)
+        items += self._video_items(videos)
         input_ids = reply.input_ids.tolist()
         positions = torch.from_numpy(reply.positions)
         reply.release_on_drop()
@@ -265,3 +323,44 @@ class MmworkerQwenVLProcessor(QwenVLImageProcessor):
             mrope_positions=positions,
             mrope_position_delta=torch.from_numpy(np.array([[reply.delta]], np.int64)),
         )
+
+    def _video_items(self, videos: list[tuple[Any, Any]]) -> list[MultimodalDataItem]:
+        """The VIDEO items SGLang's own path hands on for these videos (module docstring): one per video,
+        or, where SGLang's `get_new_expanded_mm_items` leaves its per-modality item whole (more than one
+        run in all, and fewer runs than temporal patches: several Qwen2/2.5 videos, not all of one
+        temporal patch), one for all."""
+        data = [{key: torch.from_numpy(value) for key, value in self._pool.family.model_data(item.aux).items()}
+                for item, _ in videos]  # fmt: skip
+        runs = [[(int(start), int(end)) for start, end in item_runs] for _, item_runs in videos]
+        patches = sum(int(d["video_grid_thw"][0, 0]) for d in data)
+        if sum(map(len, runs)) <= 1 or sum(map(len, runs)) == patches:
+            items = []
+            for (item, _), item_runs, model_data in zip(videos, runs, data, strict=True):
+                mm_item = MultimodalDataItem(modality=Modality.VIDEO, feature=self._feature(item.feature),
+                                             offsets=item_runs, model_specific_data=model_data)  # fmt: skip
+                mm_item.set_hash(item.hash)
+                items.append(mm_item)
+            return items
+        # SGLang's processor output holds all the videos in one tensor; this copy is the one the bundle costs.
+        feature = torch.cat([self._feature(item.feature) for item, _ in videos])
+        model_data = {key: torch.cat([d[key] for d in data]) for key in data[0]}
+        bundle = MultimodalDataItem(modality=Modality.VIDEO, feature=feature,
+                                    offsets=[run for item_runs in runs for run in item_runs],
+                                    model_specific_data=model_data)  # fmt: skip
+        # One hash for the bundle, from its videos' in order (each the blake3 of the video's bytes).
+        bundle.set_hash(content_hash(b"".join(int(item.hash).to_bytes(8, "big") for item, _ in videos)))
+        return [bundle]
+
+
+def _video_accelerator() -> str | None:
+    """The device SGLang would decode or process this process's videos on, or None for the CPU.
+
+    SGLang's Qwen processor has no `video_preprocessing_device`, so `load_video` asks torchcodec for
+    its CUDA decoder (NVDEC) and falls back to the CPU only when that fails: whenever torch sees a
+    GPU. And the HF processor runs where the fast image processor runs (`device` is passed to the
+    video processor too): on any accelerator unless SGLANG_USE_CPU_ENGINE says the CPU."""
+    if torch.cuda.is_available():
+        return "CUDA"
+    if not is_cpu() and (is_xpu() or is_npu() or current_platform.is_cuda_alike()):
+        return str(current_platform.device_type).upper()
+    return None

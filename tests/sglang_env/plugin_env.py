@@ -28,9 +28,10 @@ from sglang.srt.managers.multimodal_processor import PROCESSOR_MAPPING, get_mm_p
 from sglang.srt.runtime_context import SpawnRanks, publish, reset_context  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
-from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor  # noqa: E402
+from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor  # noqa: E402
 from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLImageProcessorPil  # noqa: E402
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor  # noqa: E402
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor  # noqa: E402
 
 from mmworker.corpus import photo_like  # noqa: E402
 
@@ -87,6 +88,32 @@ def hf_processor(model_type: str, backend: str, **pixels: int) -> Qwen2VLProcess
     return Qwen2VLProcessor(
         image_processor=image_processor, video_processor=Qwen2VLVideoProcessor(), tokenizer=TOKENIZER
     )
+
+
+# The released checkpoints' video processors (mmworker.qwen_vl.video's constants): Qwen3-VL and 3.5 ship
+# a video_preprocessor_config.json (4096..25165824 pixels over frames x height x width, mean = std = 0.5);
+# Qwen2-VL and 2.5-VL ship none, so AutoVideoProcessor builds theirs from the image processor's config.
+QWEN3_VIDEO_SIZE = {"shortest_edge": 4096, "longest_edge": 25165824}
+
+
+def video_hf_processor(model_type: str, backend: str = "torchvision", **video: Any) -> Any:
+    """The HF processor SGLang holds for a checkpoint that serves videos, as AutoProcessor builds it for the
+    model type (Qwen2VLProcessor, Qwen2_5_VLProcessor, Qwen3VLProcessor), with the image processor of
+    `hf_processor`; `video` overrides the video processor's settings."""
+    image_processor = hf_processor(model_type, backend).image_processor
+    _, _, patch, mean, std = MODELS[model_type]
+    if model_type.startswith("qwen3"):
+        settings = dict(patch_size=patch, merge_size=2, temporal_patch_size=2, image_mean=mean, image_std=std,
+                        size=QWEN3_VIDEO_SIZE)  # fmt: skip
+        settings.update(video)
+        return Qwen3VLProcessor(image_processor=image_processor, video_processor=Qwen3VLVideoProcessor(**settings),
+                                tokenizer=TOKENIZER)  # fmt: skip
+    size = image_processor.size
+    settings = dict(patch_size=patch, merge_size=2, temporal_patch_size=2, image_mean=mean, image_std=std,
+                    size={"shortest_edge": size.shortest_edge, "longest_edge": size.longest_edge})  # fmt: skip
+    settings.update(video)
+    cls = Qwen2_5_VLProcessor if model_type == "qwen2_5_vl" else Qwen2VLProcessor
+    return cls(image_processor=image_processor, video_processor=Qwen2VLVideoProcessor(**settings), tokenizer=TOKENIZER)
 
 
 def server_args(**fields: Any) -> ServerArgs:
