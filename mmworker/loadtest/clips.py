@@ -18,14 +18,15 @@ the load test's truncated videos are their first third, which can never be read 
 
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from mmworker.corpus import CLIP_CONTAINERS, encode_clip
 from mmworker.errors import MmError
-from mmworker.loadtest.corpus import cache_dir
+from mmworker.loadtest.corpus import cache_dir, write_complete
+from mmworker.loadtest.corpus import is_complete as is_complete  # the app asks either corpus module
 
 CLIPS_VERSION = 1  # bump when DEFAULT_CLIPS or the encoder changes: cached corpora are keyed on it
-_COMPLETE = ".complete"
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,6 @@ def default_dir(seed: int) -> Path:
     return cache_dir() / f"loadtest-videos-v{CLIPS_VERSION}-seed{seed}"
 
 
-def is_complete(directory: Path) -> bool:
-    return (directory / _COMPLETE).exists()
-
-
 def available_codec(recipe: ClipRecipe) -> tuple[str, str]:
     """The first (codec, extension) of `recipe` whose encoder the installed FFmpeg has."""
     import av
@@ -102,18 +99,9 @@ def default_clips() -> list[tuple[str, ClipRecipe, str, str]]:
 def build(directory: Path, seed: int) -> Path:
     """Write the built-in clips for `seed` into `directory` (files already there are kept, so an
     interrupted build resumes) and mark it complete; returns `directory`."""
-    if is_complete(directory):
-        return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    for k, (name, recipe, codec, ext) in enumerate(default_clips(), start=1):
-        path = directory / name
-        if not path.exists():
-            data = encode_clip(codec, ext, recipe.width, recipe.height, recipe.fps, recipe.seconds, seed * 1000 + k)
-            tmp = path.with_suffix(".part")
-            tmp.write_bytes(data)
-            tmp.rename(path)
-    (directory / _COMPLETE).write_text("ok\n")
-    return directory
+    files = [(name, partial(encode_clip, codec, ext, r.width, r.height, r.fps, r.seconds, seed * 1000 + k))
+             for k, (name, r, codec, ext) in enumerate(default_clips(), start=1)]  # fmt: skip
+    return write_complete(directory, files)
 
 
 def load(directory: Path) -> list[CorpusClip]:

@@ -8,6 +8,7 @@ figures, which are about the pool's client, not about the corpus's making.
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,15 +74,23 @@ def default_images() -> list[tuple[str, int, int, str]]:
 def build(directory: Path, seed: int) -> Path:
     """Write the built-in corpus for `seed` into `directory` (files already there are kept, so an
     interrupted build resumes) and mark it complete; returns `directory`."""
+    files = [(name, lambda w=w, h=h, fmt=fmt, k=k: encode(photo_like(w, h, seed=seed * 1000 + k), fmt))
+             for k, (name, w, h, fmt) in enumerate(default_images(), start=1)]  # fmt: skip
+    return write_complete(directory, files)
+
+
+def write_complete(directory: Path, files: list[tuple[str, Callable[[], bytes]]]) -> Path:
+    """Write each (name, make) of `files` into `directory` unless it is there (each atomically, so an
+    interrupted build resumes and never sees half a file), then the marker that says the directory is
+    complete; returns `directory`, at once if it was complete already."""
     if is_complete(directory):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
-    for k, (name, w, h, fmt) in enumerate(default_images(), start=1):
+    for name, make in files:
         path = directory / name
         if not path.exists():
-            data = encode(photo_like(w, h, seed=seed * 1000 + k), fmt)
             tmp = path.with_suffix(".part")
-            tmp.write_bytes(data)
+            tmp.write_bytes(make())
             tmp.rename(path)
     (directory / _COMPLETE).write_text("ok\n")
     return directory

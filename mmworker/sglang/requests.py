@@ -124,18 +124,12 @@ def route(
     image_data, video_data = list(image_data or ()), list(video_data or ())
     if len(image_data) + len(video_data) > MAX_ITEMS_PER_REQUEST:
         return Delegated(f"more than {MAX_ITEMS_PER_REQUEST} images and videos")
-    sources: list[str | bytes] = []
-    for item in image_data:
-        source = _source(item, urls, image_data_type)
-        if isinstance(source, Delegated):
-            return source
-        sources.append(source)
-    video_sources: list[str | bytes] = []
-    for item in video_data:
-        source = _video_source(item, urls, video_data_type)
-        if isinstance(source, Delegated):
-            return source
-        video_sources.append(source)
+    sources = _sources(image_data, lambda item: _source(item, urls, image_data_type))
+    if isinstance(sources, Delegated):
+        return sources
+    video_sources = _sources(video_data, lambda item: _video_source(item, urls, video_data_type))
+    if isinstance(video_sources, Delegated):
+        return video_sources
     # With a video SGLang's path never keeps the caller's ids (its avoid-retokenize step is for
     # image-only requests, and the artifact path takes no video): decoded and tokenised again.
     keep_ids = not video_sources and (prompting.artifact_path or avoid_retokenize)
@@ -143,6 +137,17 @@ def route(
     if isinstance(prompt, Delegated):
         return prompt
     return Served(prompt, sources, video_sources)
+
+
+def _sources(items: list[Any], resolve: Callable[[Any], str | bytes | Delegated]) -> list[str | bytes] | Delegated:
+    """Each item as an mmworker source, or the first item's reason to delegate the request."""
+    sources = []
+    for item in items:
+        source = resolve(item)
+        if isinstance(source, Delegated):
+            return source
+        sources.append(source)
+    return sources
 
 
 def _source(item: Any, urls: bool, image_data_type: type | None) -> str | bytes | Delegated:
