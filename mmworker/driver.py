@@ -182,7 +182,7 @@ def process(
         modality = IMAGE if is_image else VIDEO
         items.append(ItemOutput(processed.feature, processed.aux, digest, processed.geometry, modality))
 
-    expanded, runs, positions = assemble_runs(family, request.input_ids, [item.geometry for item in items])
+    expanded, runs, positions = assemble(family, request.input_ids, [item.geometry for item in items])
     return Output(input_ids=expanded, items=tuple(items), offsets=spans(runs), positions=positions, runs=runs)
 
 
@@ -202,18 +202,10 @@ def spans(runs: Sequence[Sequence[Run]]) -> tuple[tuple[int, int], ...]:
 
 def assemble(
     family: Family, input_ids: Sequence[int] | np.ndarray | None, geometries: Sequence[Geometry]
-) -> tuple[np.ndarray, list[tuple[int, int]], Positions]:
-    """Steps 4 and 5: the prompt's expanded ids (int64), each item's inclusive offsets (its span) and
-    the positions, from the items' geometries alone; MmError if the prompt is missing or does not
-    place them."""
-    expanded, runs, positions = assemble_runs(family, input_ids, geometries)
-    return expanded, list(spans(runs)), positions
-
-
-def assemble_runs(
-    family: Family, input_ids: Sequence[int] | np.ndarray | None, geometries: Sequence[Geometry]
 ) -> tuple[np.ndarray, tuple[tuple[Run, ...], ...], Positions]:
-    """`assemble` with each item's placeholder runs instead of its span."""
+    """Steps 4 and 5: the prompt's expanded ids (int64), each item's placeholder runs (inclusive;
+    `spans` gives its offsets) and the positions, from the items' geometries alone; MmError if the
+    prompt is missing or does not place them."""
     if input_ids is None or len(input_ids) == 0:
         raise MmError("multimodal request without text or input_ids")
     ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)

@@ -255,7 +255,7 @@ class Engine:
         if isinstance(ids, bytes):
             ids = np.frombuffer(ids, "<i8")
         try:
-            input_ids, offsets, positions = assemble(self._family, ids, [e.grid for e in entries])
+            input_ids, runs, positions = assemble(self._family, ids, [e.grid for e in entries])
         except MmError as exc:  # the prompt does not place the images: what the worker would say
             self._inflight.reject(req, str(exc), exc.kind)
             return
@@ -265,8 +265,8 @@ class Engine:
         pins, plan.pins = plan.pins, []
         lease = self._leases.grant(None, req.rid, [], 0, pins)
         reply = Reply(
-            request_id=req.request_id, ok=True, input_ids=frozen(input_ids), offsets=offsets, items=items,
-            runs=[(offset,) for offset in offsets],  # images only: one run each
+            request_id=req.request_id, ok=True, input_ids=frozen(input_ids), offsets=list(spans(runs)), items=items,
+            runs=list(runs),
             positions=frozen(mrope.positions) if mrope else None, delta=mrope.delta if mrope else None,
             family=self._family, cache_hits=len(entries), _lease=lease,
         )  # fmt: skip

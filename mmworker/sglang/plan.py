@@ -33,8 +33,8 @@ spec's key). float32 is what SGLang's own processor hands on, so the default sta
 SGLang's path; "bfloat16" halves the features' shared memory and host-to-device bytes, and gives
 the model the same input wherever the vision tower runs in bfloat16, as the released checkpoints
 do: SGLang's Qwen models cast `pixel_values` to the tower's dtype before using them
-(`get_image_feature`'s `.type(self.visual.dtype)` for Qwen2-VL and 2.5-VL, the `dtype` of
-`materialize_multimodal_features` for 3-VL and 3.5). A tower in float32 would see the rounded values.
+(`get_image_feature`'s `.type(self.visual.dtype)` for Qwen2-VL and 2.5-VL; for 3-VL and 3.5 the
+`dtype` their Python model code materialises features in). A tower in float32 would see the rounded values.
 """
 
 import math
