@@ -7,7 +7,6 @@ measured). Errors in the requests themselves are reported the same way (one line
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -52,11 +51,10 @@ def media_source(index: int, text: str, what: str = "image") -> str:
 def video_refusal(family: "Family", name: str) -> str | None:
     """Why `family` (of the spec `name`) cannot be sent videos, for a message; None if it can.
 
-    A spec that lacks a key for videos says which (its capabilities' note); the Qwen3 specs are
-    bundled without the timestamp table, which only the checkpoint's tokenizer gives.
+    A spec that lacks a key for videos, or an install without PyAV, says which (its capabilities'
+    note); the Qwen3 specs are bundled without the timestamp table, which only the checkpoint's
+    tokenizer gives: the message says how to add it.
     """
-    if importlib.util.find_spec("av") is None:
-        return "videos need PyAV, the `video` extra: pip install 'mmworker[video]'"
     capabilities = family.capabilities()
     if capabilities.video:
         return None
